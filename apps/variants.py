@@ -1,0 +1,33 @@
+"""Prints the table of official variants with their parameter counts, built from the code.
+
+python -m apps.variants [--image-size 224] [--num-classes 1000]
+"""
+
+import argparse
+
+import keras
+
+import vit_keras as vk
+
+
+def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
+    rows = ["| variant | layers | hidden D | MLP | heads | patch | parameters |",
+            "|---|---|---|---|---|---|---|"]
+    for name, config in vk.VARIANTS.items():
+        params = vk.vit(name, image_size=image_size, num_classes=num_classes).count_params()
+        keras.backend.clear_session()
+        rows.append(f"| {name} | {config.num_layers} | {config.hidden_size} | {config.mlp_dim} "
+                    f"| {config.num_heads} | {config.patch_size} | {params:,} |")
+    return "\n".join(rows)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--num-classes", type=int, default=1000)
+    args = parser.parse_args(argv)
+    print(variant_table(args.image_size, args.num_classes))
+
+
+if __name__ == "__main__":
+    main()

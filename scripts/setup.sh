@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Creates .venv with vit_keras and every backend (idempotent). Python 3.11 is required.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3.11}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e ".[jax,torch,test]"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole suite, once per Keras backend; fails if any backend fails or runs no test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/ruff check vit_keras apps tests
+for backend in ${BACKENDS:-tensorflow jax torch}; do
+  echo "=== KERAS_BACKEND=$backend"
+  # pytest exits 5 when it collects no test: that is a failure here too.
+  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
+done

@@ -1,0 +1,48 @@
+import os
+
+# Tests run one backend per process; .ci/run runs the suite once per backend.
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
+
+
+def pytest_report_header(config):
+    return f"keras backend: {keras.backend.backend()}"
+
+
+def randomize(model, seed=0, scale=0.2):
+    """Gives every variable random values, so no zero-initialised part hides a bug."""
+    rng = np.random.default_rng(seed)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, scale, variable.shape).astype("float32"))
+    return model
+
+
+def checkpoint_params(model):
+    """The model's weights under the official checkpoint names (a test-side spec of the map)."""
+    params = {}
+    for variable in model.weights:
+        name = variable.path.replace("Transformer_", "Transformer/", 1)
+        name = name.replace("/gamma", "/scale").replace("/beta", "/bias")
+        name = name.replace("_kernel", "/kernel").replace("_bias", "/bias")
+        name = "cls" if name == "cls/cls" else name
+        params[name] = keras.ops.convert_to_numpy(variable.value)
+    return params
+
+
+def images(batch=2, height=32, width=32, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1, 1, (batch, height, width, 3)).astype("float32")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    keras.utils.set_random_seed(0)
+    yield
+    keras.config.set_dtype_policy("float32")
+    keras.backend.clear_session()

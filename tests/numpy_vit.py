@@ -1,0 +1,90 @@
+"""An independent NumPy implementation of the paper's equations, for checking the library.
+
+It reads weights by their checkpoint names and computes everything itself: patch
+extraction by reshaping (not convolution), attention by explicit softmax, its own GELU
+and LayerNorm. Nothing here calls vit_keras.
+"""
+
+import math
+
+import numpy as np
+from scipy.special import erf
+
+
+def layer_norm(x, scale, bias, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def gelu(x, approximate=True):
+    if approximate:
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def patches(images, patch):
+    """(B, H, W, C) -> (B, N, P*P*C), row-major over the grid, (row, col, channel) inside."""
+    b, h, w, c = images.shape
+    x = images.reshape(b, h // patch, patch, w // patch, patch, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, (h // patch) * (w // patch), patch * patch * c)
+
+
+def sincos2d(grid_h, grid_w, width, temperature=10_000.0):
+    """MoCo v3 / big_vision: omega_i = 1 / T^(i / (D/4 - 1)); [sin x, cos x, sin y, cos y]."""
+    quarter = width // 4
+    omega = np.array([1.0 / temperature ** (i / (quarter - 1)) for i in range(quarter)])
+    rows = []
+    for y in range(grid_h):
+        for x in range(grid_w):
+            rows.append(np.concatenate([np.sin(x * omega), np.cos(x * omega),
+                                        np.sin(y * omega), np.cos(y * omega)]))
+    return np.array(rows)
+
+
+def encoder_block(x, p, heads, approximate):
+    b, t, d = x.shape
+    dh = d // heads
+    y = layer_norm(x, p["LayerNorm_0/scale"], p["LayerNorm_0/bias"])
+    att = "MultiHeadDotProductAttention_1/"
+    q, k, v = (
+        (y @ p[att + n + "/kernel"].reshape(d, d) + p[att + n + "/bias"].reshape(d))
+        .reshape(b, t, heads, dh).transpose(0, 2, 1, 3)
+        for n in ("query", "key", "value")
+    )
+    probs = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh))
+    out = (probs @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
+    x = x + out @ p[att + "out/kernel"].reshape(d, d) + p[att + "out/bias"]
+    y = layer_norm(x, p["LayerNorm_2/scale"], p["LayerNorm_2/bias"])
+    h = gelu(y @ p["MlpBlock_3/Dense_0/kernel"] + p["MlpBlock_3/Dense_0/bias"], approximate)
+    return x + h @ p["MlpBlock_3/Dense_1/kernel"] + p["MlpBlock_3/Dense_1/bias"], probs
+
+
+def forward(params, images, *, patch, heads, layers, classifier="token", posemb=None,
+            approximate=True, representation=False, return_attention=False):
+    """Logits of the paper's model; posemb is the (tokens, D) table to add, or None."""
+    kernel = params["embedding/kernel"]
+    x = patches(images, patch) @ kernel.reshape(-1, kernel.shape[-1]) + params["embedding/bias"]
+    if classifier == "token":
+        cls = np.broadcast_to(params["cls"], (x.shape[0], 1, x.shape[-1]))
+        x = np.concatenate([cls, x], axis=1)
+    if posemb is not None:
+        x = x + posemb
+    attention = []
+    for i in range(layers):
+        prefix = f"Transformer/encoderblock_{i}/"
+        block = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+        x, probs = encoder_block(x, block, heads, approximate)
+        attention.append(probs)
+    x = layer_norm(x, params["Transformer/encoder_norm/scale"],
+                   params["Transformer/encoder_norm/bias"])
+    x = x[:, 0] if classifier == "token" else x.mean(axis=1)
+    if representation:
+        x = np.tanh(x @ params["pre_logits/kernel"] + params["pre_logits/bias"])
+    logits = x @ params["head/kernel"] + params["head/bias"]
+    return (logits, attention) if return_attention else logits

@@ -1,0 +1,32 @@
+import pytest
+
+import vit_keras as vk
+from vit_keras.configs import ViTConfig, get_config
+
+
+def test_official_variants_have_paper_shapes():
+    assert set(vk.VARIANTS) == {"Ti/16", "S/16", "S/32", "B/16", "B/32", "B/8", "L/16",
+                                "L/32", "H/14"}
+    b16 = vk.VARIANTS["B/16"]
+    assert (b16.hidden_size, b16.num_layers, b16.mlp_dim, b16.num_heads, b16.patch_size) == (
+        768, 12, 3072, 12, 16)
+    h14 = vk.VARIANTS["H/14"]
+    assert (h14.hidden_size, h14.num_layers, h14.mlp_dim, h14.num_heads) == (1280, 32, 5120, 16)
+
+
+def test_parser_accepts_any_patch_and_custom_shapes():
+    assert get_config("L/14") == ViTConfig(1024, 24, 16, 4096, 14)
+    custom = get_config(dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
+                             patch_size=8))
+    assert custom.head_dim == 8
+
+
+@pytest.mark.parametrize("name", ["X/16", "B16", "B/", "B/0", "b/16", 16])
+def test_unknown_variant_lists_known_ones(name):
+    with pytest.raises(ValueError, match=r"unknown variant .*known variants: Ti/16, S/16"):
+        get_config(name)
+
+
+def test_heads_must_divide_hidden_size():
+    with pytest.raises(ValueError, match="num_heads 5 does not divide hidden_size 32"):
+        ViTConfig(hidden_size=32, num_layers=2, num_heads=5, mlp_dim=64, patch_size=8)

@@ -1,0 +1,217 @@
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import vit_keras as vk
+from tests import numpy_vit
+from tests.conftest import TINY, checkpoint_params, images, randomize
+
+# vit-facts.md section 2: exact counts at 224 px with a 1000-class head (models_test.py).
+OFFICIAL_PARAMS = {
+    "Ti/16": 5_717_416, "S/16": 22_050_664, "S/32": 22_878_952, "B/16": 86_567_656,
+    "B/32": 88_224_232, "B/8": 86_576_872, "L/16": 304_326_632, "L/32": 306_535_400,
+    "H/14": 632_045_800,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(OFFICIAL_PARAMS))
+def test_parameter_counts_match_official(variant):
+    assert vk.vit(variant).count_params() == OFFICIAL_PARAMS[variant]
+
+
+def reference_posemb(model, posemb, classifier, grid):
+    """The table the paper adds, built in the test from the model's raw weights."""
+    params = checkpoint_params(model)
+    d = TINY["hidden_size"]
+    prefix = 1 if classifier == "token" else 0
+    if posemb == "learned":
+        return params["Transformer/posembed_input/pos_embedding"][0]
+    if posemb == "sincos2d":
+        return np.concatenate([np.zeros((prefix, d)), numpy_vit.sincos2d(*grid, d)])
+    if posemb == "learned2d":
+        rows = params["Transformer/posembed_input/row_embedding"]
+        cols = params["Transformer/posembed_input/col_embedding"]
+        table = [np.concatenate([rows[i], cols[j]]) for i in range(grid[0])
+                 for j in range(grid[1])]
+        head = [params["Transformer/posembed_input/prefix_embedding"][0]] if prefix else []
+        return np.array(head + table)
+    return None
+
+
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+@pytest.mark.parametrize("posemb", ["learned", "sincos2d", "learned2d", "none"])
+def test_forward_equals_numpy_paper_equations(classifier, posemb):
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=7, classifier=classifier,
+                             posemb=posemb, representation_size=16))
+    x = images()
+    expected = numpy_vit.forward(
+        checkpoint_params(model), x, patch=8, heads=4, layers=2, classifier=classifier,
+        posemb=reference_posemb(model, posemb, classifier, (4, 4)), representation=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", [True, False])
+def test_rectangular_images_and_gelu_choice(approximate):
+    model = randomize(vk.vit(TINY, image_size=(32, 48), num_classes=3,
+                             approximate_gelu=approximate))
+    x = images(height=32, width=48)
+    expected = numpy_vit.forward(
+        checkpoint_params(model), x, patch=8, heads=4, layers=2,
+        posemb=checkpoint_params(model)["Transformer/posembed_input/pos_embedding"][0],
+        approximate=approximate)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), expected, atol=1e-5)
+
+
+def test_head_starts_at_zero_and_include_top_false_gives_features():
+    model = vk.vit(TINY, image_size=32, num_classes=4, head_bias_init=-10.0)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(images())),
+                                  np.full((2, 4), -10.0))
+    features = vk.vit(TINY, image_size=32, include_top=False, representation_size=24)
+    assert tuple(features.output.shape) == (None, 24)
+    assert "head" not in [layer.name for layer in features.layers]
+
+
+def test_attention_probabilities_come_from_the_same_block():
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3))
+    x = images()
+    _, expected = numpy_vit.forward(
+        checkpoint_params(model), x, patch=8, heads=4, layers=2,
+        posemb=checkpoint_params(model)["Transformer/posembed_input/pos_embedding"][0],
+        return_attention=True)
+    tokens = x
+    for name in ("embedding", "cls", "Transformer_posembed_input"):
+        tokens = model.get_layer(name)(tokens)
+    block = model.get_layer("Transformer_encoderblock_0")
+    out, probs = block(tokens, return_attention_scores=True)
+    assert tuple(probs.shape) == (2, 4, 17, 17)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(probs), expected[0], atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out),
+                               keras.ops.convert_to_numpy(block(tokens)), atol=1e-6)
+
+
+def test_stochastic_depth_rises_linearly_and_drops_whole_samples():
+    model = vk.vit({**TINY, "num_layers": 5}, image_size=32, stochastic_depth_rate=0.2)
+    rates = [model.get_layer(f"Transformer_encoderblock_{i}").drop_path_rate for i in range(5)]
+    np.testing.assert_allclose(rates, [0.0, 0.05, 0.1, 0.15, 0.2])
+    block = vk.layers.TransformerBlock(num_heads=4, mlp_dim=64, drop_path_rate=0.25, seed=3)
+    branch = keras.ops.ones((4000, 3, 2))
+    kept = keras.ops.convert_to_numpy(block._drop_path(branch, training=True))
+    per_sample = kept.reshape(4000, -1)
+    dropped = per_sample == 0
+    np.testing.assert_allclose(per_sample[~dropped], 1 / 0.75, rtol=1e-6)
+    assert np.all(per_sample.min(axis=1) == per_sample.max(axis=1))  # whole samples
+    assert abs(dropped[:, 0].mean() - 0.25) < 0.03
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(block._drop_path(branch, training=False)), 1.0)
+
+
+def test_dropout_only_in_training():
+    model = randomize(vk.vit(TINY, image_size=32, dropout_rate=0.3, num_classes=3))
+    x = images()
+    plain = vk.vit(TINY, image_size=32, num_classes=3)
+    plain.set_weights(model.get_weights())
+    inference = keras.ops.convert_to_numpy(model(x, training=False))
+    np.testing.assert_allclose(inference, keras.ops.convert_to_numpy(plain(x)), atol=1e-6)
+    assert not np.allclose(keras.ops.convert_to_numpy(model(x, training=True)), inference)
+
+
+def test_keras_file_round_trips_in_safe_mode(tmp_path):
+    model = randomize(vk.vit(TINY, image_size=(32, 40), num_classes=5, posemb="learned2d",
+                             classifier="gap", stochastic_depth_rate=0.1, dropout_rate=0.1))
+    path = tmp_path / "tiny.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    x = images(height=32, width=40)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
+                               keras.ops.convert_to_numpy(model(x)), atol=1e-6)
+    block = loaded.get_layer("Transformer_encoderblock_1")
+    assert isinstance(block, vk.layers.TransformerBlock) and block.drop_path_rate == 0.1
+    rebuilt = vk.layers.AddPositionEmbedding.from_config(
+        model.get_layer("Transformer_posembed_input").get_config())
+    assert (rebuilt.grid_size, rebuilt.kind, rebuilt.num_prefix_tokens) == ((4, 5), "learned2d", 0)
+
+
+WORKER = """
+import sys, numpy as np, vit_keras as vk, keras
+from tests.conftest import TINY
+model = vk.vit(TINY, image_size=32, num_classes=6, weights=sys.argv[1])
+np.save(sys.argv[3], keras.ops.convert_to_numpy(model(np.load(sys.argv[2]))))
+"""
+
+
+def test_same_weights_same_logits_on_every_backend(tmp_path):
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=6))
+    model.save_weights(tmp_path / "w.weights.h5")
+    np.save(tmp_path / "x.npy", images(batch=3))
+    here = keras.ops.convert_to_numpy(model(images(batch=3)))
+    for backend in {"tensorflow", "jax", "torch"} - {keras.backend.backend()}:
+        out = tmp_path / f"{backend}.npy"
+        env = {**os.environ, "KERAS_BACKEND": backend}
+        subprocess.run([sys.executable, "-c", WORKER, str(tmp_path / "w.weights.h5"),
+                        str(tmp_path / "x.npy"), str(out)], env=env, check=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+        np.testing.assert_allclose(np.load(out), here, atol=1e-5, err_msg=backend)
+
+
+def test_fit_lowers_loss():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 64).astype("int32")
+    x = (rng.uniform(-1, 1, (64, 16, 16, 3)) * 0.5 + np.where(y, 0.4, -0.4)[:, None, None, None])
+    x = x.astype("float32")
+    model = vk.vit({**TINY, "patch_size": 4}, image_size=16, num_classes=2)
+    model.compile(keras.optimizers.Adam(3e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, batch_size=16, epochs=8, verbose=0).history["loss"]
+    assert history[-1] < 0.5 * history[0], history
+
+
+def test_mixed_bfloat16_trains_and_returns_float32():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    assert model.get_layer("Transformer_encoderblock_0").compute_dtype == "bfloat16"
+    model.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+    model.fit(images(batch=4), np.array([0, 1, 2, 0]), epochs=1, verbose=0)
+    after = [keras.ops.convert_to_numpy(w) for w in model.trainable_weights]
+    assert all(w.dtype == np.float32 for w in after)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+    assert keras.backend.standardize_dtype(model(images()).dtype) == "float32"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(image_size=36), "image_size 36 is not divisible by patch size 8"),
+    (dict(image_size=(32, 30)), "image_size 30 is not divisible by patch size 8"),
+    (dict(variant="Z/16"), r"unknown variant 'Z/16'.*known variants: Ti/16"),
+    (dict(classifier="map"), "unknown classifier 'map': expected one of token, gap"),
+    (dict(posemb="relative"), "unknown position embedding 'relative': expected one of learned"),
+    (dict(variant={**TINY, "num_heads": 3}), "num_heads 3 does not divide hidden_size 32"),
+    (dict(dropout_rate=1.5), r"dropout_rate must be in \[0, 1\), got 1.5"),
+    (dict(num_classes=0), "num_classes must be a positive int, got 0"),
+    (dict(image_size=(32,)), r"image_size must be a positive int or \(height, width\)"),
+])
+def test_bad_arguments_name_what_was_expected(kwargs, message):
+    kwargs = {"variant": TINY, "image_size": 32, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        vk.vit(**kwargs)
+
+
+def test_wrong_input_rank_and_size_are_refused():
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    with pytest.raises(ValueError, match=r"expected.*\(None, 32, 32, 3\)|\(None, 32, 32, 3\)"):
+        model(images()[0])
+    with pytest.raises(ValueError, match=r"32, 32, 3"):
+        model(images(height=40, width=40))
+    with pytest.raises(ValueError, match=r"expects images of rank 4 .* got shape \(32, 32, 3\)"):
+        vk.layers.PatchEmbedding(8, 32).build((32, 32, 3))
+
+
+def test_preprocess_maps_uint8_to_unit_interval():
+    pixels = np.array([[0, 127, 128, 255]], dtype=np.uint8)
+    out = keras.ops.convert_to_numpy(vk.preprocess(pixels))
+    np.testing.assert_allclose(out, (pixels.astype(np.float64) - 127.5) / 127.5, atol=1e-7)
+    assert out.dtype == np.float32

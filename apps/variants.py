@@ -1,6 +1,6 @@
 """Prints the table of official variants with their parameter counts, built from the code.
 
-python -m apps.variants [--image-size 224] [--num-classes 1000]
+python -m apps.variants [--image-size 224] [--num-classes 1000] [--pretrained]
 """
 
 import argparse
@@ -8,6 +8,7 @@ import argparse
 import keras
 
 import vit_keras as vk
+from vit_keras import pretrained
 
 
 def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
@@ -21,12 +22,25 @@ def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
     return "\n".join(rows)
 
 
+def pretrained_table() -> str:
+    rows = ["| name | variants | resolution | classes | trained on |", "|---|---|---|---|---|"]
+    for name in pretrained.names():
+        entries = pretrained.PRETRAINED[name]
+        first = next(iter(entries.values()))
+        rows.append(f"| `{name}` | {', '.join(entries)} | {first.resolution} | "
+                    f"{first.num_classes} | {pretrained.DESCRIPTIONS[name]} |")
+    return "\n".join(rows)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--num-classes", type=int, default=1000)
+    parser.add_argument("--pretrained", action="store_true",
+                        help="print the table of named pre-trained checkpoints instead")
     args = parser.parse_args(argv)
-    print(variant_table(args.image_size, args.num_classes))
+    print(pretrained_table() if args.pretrained else variant_table(args.image_size,
+                                                                   args.num_classes))
 
 
 if __name__ == "__main__":

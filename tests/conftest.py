@@ -4,6 +4,12 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# torch (and timm, which loads torch._dynamo) must be imported before TensorFlow, or the
+# process segfaults; Keras' TensorFlow backend imports TensorFlow.
+import timm  # noqa: E402, F401, I001
+import torch  # noqa: E402, F401
+
+# isort: split
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

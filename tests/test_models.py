@@ -136,8 +136,8 @@ def test_keras_file_round_trips_in_safe_mode(tmp_path):
 
 
 WORKER = """
+from tests.conftest import TINY  # first: it imports torch before TensorFlow
 import sys, numpy as np, vit_keras as vk, keras
-from tests.conftest import TINY
 model = vk.vit(TINY, image_size=32, num_classes=6, weights=sys.argv[1])
 np.save(sys.argv[3], keras.ops.convert_to_numpy(model(np.load(sys.argv[2]))))
 """

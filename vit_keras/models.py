@@ -57,6 +57,8 @@ def vit(
     approximate_gelu=True is the tanh GELU the official checkpoints were trained with;
     False gives the exact erf GELU of timm and Hugging Face.
     stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
+    weights: a local .npz / .keras / .weights.h5 file, or a pre-trained name such as
+    "augreg_in21k" (vit_keras.pretrained), downloaded once into the Keras cache.
     """
     config = get_config(variant)
     if classifier not in CLASSIFIERS:
@@ -102,9 +104,11 @@ def vit(
         )(x)
     model = keras.Model(inputs, x, name=name or _model_name(variant, config))
     if weights is not None:
-        from vit_keras.checkpoints import load_weights
+        from vit_keras import checkpoints, pretrained
 
-        load_weights(model, weights)
+        if pretrained.is_name(weights):
+            weights = pretrained.fetch(variant, weights)
+        checkpoints.load_weights(model, weights)
     return model
 
 

@@ -1,0 +1,40 @@
+"""Command-line pieces the apps share: describing a model with flags."""
+
+import argparse
+import dataclasses
+
+import keras
+
+import vit_keras as vk
+
+SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, variant: str = "B/16",
+                        image_size: int = 224, num_classes: int = 1000) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--variant", default=variant, help=f"e.g. Ti/16, B/16 (default {variant})")
+    for flag in SHAPE_FLAGS:
+        group.add_argument("--" + flag.replace("_", "-"), type=int, default=None,
+                           help="override the variant's value (custom shapes)")
+    group.add_argument("--image-size", type=int, default=image_size)
+    group.add_argument("--num-classes", type=int, default=num_classes)
+    group.add_argument("--classifier", default="token", choices=["token", "gap"])
+    group.add_argument("--posemb", default="learned",
+                       choices=["learned", "sincos2d", "learned2d", "none"])
+    group.add_argument("--representation-size", type=int, default=None)
+    group.add_argument("--exact-gelu", action="store_true",
+                       help="erf GELU (timm / Hugging Face weights) instead of the tanh one")
+
+
+def model_config(args) -> vk.ViTConfig:
+    overrides = {f: getattr(args, f) for f in SHAPE_FLAGS if getattr(args, f) is not None}
+    return dataclasses.replace(vk.get_config(args.variant), **overrides)
+
+
+def model_from_arguments(args, **overrides) -> keras.Model:
+    kwargs = dict(image_size=args.image_size, num_classes=args.num_classes,
+                  classifier=args.classifier, posemb=args.posemb,
+                  representation_size=args.representation_size,
+                  approximate_gelu=not args.exact_gelu)
+    return vk.vit(model_config(args), **{**kwargs, **overrides})

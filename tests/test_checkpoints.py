@@ -1,0 +1,335 @@
+import functools
+import http.server
+import threading
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import scipy.ndimage
+import timm
+import torch
+
+import vit_keras as vk
+from tests import official_layout
+from tests.conftest import TINY, images, randomize
+from vit_keras import checkpoints, pretrained
+
+POSEMB = "Transformer/posembed_input/pos_embedding"
+
+
+def logits(model, x):
+    return keras.ops.convert_to_numpy(model(x))
+
+
+def timm_vit(image_size=32, classes=7, gap=False, approximate=True, **kwargs):
+    act = functools.partial(torch.nn.GELU, approximate="tanh" if approximate else "none")
+    # fc_norm=False: the official gap model normalises before pooling.
+    return timm.models.vision_transformer.VisionTransformer(
+        img_size=image_size, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
+        num_classes=classes, act_layer=act, global_pool="avg" if gap else "token",
+        class_token=not gap, fc_norm=False, **kwargs).eval()
+
+
+def timm_forward(model, x, **kwargs):
+    with torch.no_grad():
+        return model(torch.from_numpy(x).permute(0, 3, 1, 2), **kwargs).numpy()
+
+
+def write(path, params):
+    np.savez(path, **params)
+    return str(path)
+
+
+@pytest.mark.parametrize("gap", [False, True])
+def test_official_npz_matches_timm_loader(tmp_path, gap):
+    path = write(tmp_path / "c.npz", official_layout.random_checkpoint(
+        np.random.default_rng(0), cls=not gap))
+    reference = timm_vit(gap=gap)
+    reference.load_pretrained(path)
+    model = vk.vit(TINY, image_size=32, num_classes=7, classifier="gap" if gap else "token")
+    report = vk.load_npz(model, path)
+    assert report.unused == [] and report.reinitialised == []
+    x = images()
+    np.testing.assert_allclose(logits(model, x), timm_forward(reference, x), atol=1e-4)
+
+
+def test_representation_layer_matches_timm_features(tmp_path):
+    # timm dropped the representation layer; its pooled features are compared, then the
+    # tanh pre_logits and head are applied in NumPy from the checkpoint's own arrays.
+    params = official_layout.random_checkpoint(np.random.default_rng(1), representation=16)
+    path = write(tmp_path / "c.npz", params)
+    reference = timm_vit(classes=0)  # no head: timm cannot place a head behind pre_logits
+    reference.load_pretrained(path)
+    with torch.no_grad():
+        x = images()
+        features = reference.forward_head(
+            reference.forward_features(torch.from_numpy(x).permute(0, 3, 1, 2)),
+            pre_logits=True).numpy()
+    expected = np.tanh(features @ params["pre_logits/kernel"] + params["pre_logits/bias"])
+    expected = expected @ params["head/kernel"] + params["head/bias"]
+    model = vk.vit(TINY, image_size=32, num_classes=7, representation_size=16, weights=path)
+    np.testing.assert_allclose(logits(model, x), expected, atol=1e-4)
+
+
+def test_resolution_change_matches_timm(tmp_path):
+    path = write(tmp_path / "c.npz", official_layout.random_checkpoint(np.random.default_rng(2)))
+    reference = timm_vit(image_size=48)
+    reference.load_pretrained(path)  # timm resizes with half-pixel bilinear
+    model = vk.vit(TINY, image_size=48, num_classes=7)
+    report = vk.load_npz(model, path, resample="bilinear")
+    assert report.resampled[POSEMB] == "grid 4x4 -> 6x6 (bilinear)"
+    x = images(height=48, width=48)
+    np.testing.assert_allclose(logits(model, x), timm_forward(reference, x), atol=1e-4)
+
+
+def official_interpolate_posembed(posemb, num_new_tokens):
+    """vit_jax checkpoint.py's algorithm, written out from the facts file."""
+    tok, grid = posemb[:, :1], posemb[0, 1:]
+    gs_old, gs_new = int(np.sqrt(len(grid))), int(np.sqrt(num_new_tokens - 1))
+    grid = grid.reshape(gs_old, gs_old, -1)
+    grid = scipy.ndimage.zoom(grid, (gs_new / gs_old, gs_new / gs_old, 1), order=1)
+    return np.concatenate([tok, grid.reshape(1, gs_new * gs_new, -1)], axis=1)
+
+
+def test_default_resampling_is_the_official_algorithm(tmp_path):
+    params = official_layout.random_checkpoint(np.random.default_rng(3), grid=(4, 4))
+    path = write(tmp_path / "c.npz", params)
+    model = vk.vit(TINY, image_size=56, num_classes=7, weights=path)  # 4x4 -> 7x7
+    loaded = keras.ops.convert_to_numpy(
+        model.get_layer("Transformer_posembed_input").pos_embedding)
+    np.testing.assert_allclose(loaded, official_interpolate_posembed(params[POSEMB], 50),
+                               atol=1e-6)
+
+
+def test_rectangular_resampling_zooms_each_axis():
+    grid = np.arange(4 * 4 * 2, dtype="float32").reshape(4, 4, 2)
+    np.testing.assert_allclose(checkpoints.resample_grid(grid, (4, 6)),
+                               scipy.ndimage.zoom(grid, (1, 1.5, 1), order=1), atol=1e-6)
+    half_pixel = torch.nn.functional.interpolate(
+        torch.from_numpy(grid).permute(2, 0, 1)[None], size=(6, 3), mode="bilinear",
+        align_corners=False, antialias=False)[0].permute(1, 2, 0).numpy()
+    np.testing.assert_allclose(checkpoints.resample_grid(grid, (6, 3), "bilinear"), half_pixel,
+                               atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["linen", "scanned", "big_vision"])
+def test_other_layouts_load_the_same_weights(tmp_path, layout):
+    params = official_layout.random_checkpoint(np.random.default_rng(4), cls=False)
+    converted = {"linen": official_layout.to_linen,
+                 "scanned": lambda p: official_layout.to_scanned(p, 2),
+                 "big_vision": official_layout.to_big_vision}[layout](params)
+    reference = vk.vit(TINY, image_size=32, num_classes=7, classifier="gap")
+    vk.load_npz(reference, write(tmp_path / "a.npz", params))
+    model = vk.vit(TINY, image_size=32, num_classes=7, classifier="gap")
+    report = vk.load_npz(model, write(tmp_path / "b.npz", converted))
+    assert report.unused == []
+    for a, b in zip(reference.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+
+
+def test_big_vision_token_model_gets_no_class_token_position(tmp_path):
+    params = official_layout.random_checkpoint(np.random.default_rng(5))
+    path = write(tmp_path / "bv.npz", official_layout.to_big_vision(params))
+    model = vk.vit(TINY, image_size=32, num_classes=7, weights=path)
+    table = keras.ops.convert_to_numpy(model.get_layer("Transformer_posembed_input").pos_embedding)
+    np.testing.assert_array_equal(table[0, 0], 0.0)
+    np.testing.assert_allclose(table[0, 1:], params[POSEMB][0, 1:])
+
+
+def test_save_then_load_restores_identical_weights_and_timm_reads_it(tmp_path):
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=7, representation_size=16))
+    path = tmp_path / "ours.npz"
+    vk.save_npz(model, path)
+    with pytest.raises(FileExistsError, match="exists; pass overwrite=True"):
+        vk.save_npz(model, path)
+    restored = vk.vit(TINY, image_size=32, num_classes=7, representation_size=16, weights=str(path))
+    for a, b in zip(model.weights, restored.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
+    plain = randomize(vk.vit(TINY, image_size=32, num_classes=7))
+    vk.save_npz(plain, tmp_path / "plain.npz")
+    reference = timm_vit()
+    reference.load_pretrained(str(tmp_path / "plain.npz"))
+    np.testing.assert_allclose(logits(plain, images()), timm_forward(reference, images()),
+                               atol=1e-4)
+
+
+def test_new_class_count_gets_zero_head_and_pre_logits_are_dropped(tmp_path):
+    path = write(tmp_path / "c.npz", official_layout.random_checkpoint(
+        np.random.default_rng(6), representation=16, classes=21))
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=5))
+    with pytest.warns(UserWarning, match=r"head .* does not fit .* zero-initialised"):
+        report = vk.load_npz(model, path)
+    assert report.reinitialised == ["head/kernel", "head/bias"]
+    assert report.dropped == ["head/bias", "head/kernel", "pre_logits/bias", "pre_logits/kernel"]
+    assert not keras.ops.convert_to_numpy(model.get_layer("head").kernel).any()
+    assert "zero-initialised (new head)" in str(report)
+
+
+def snapshot(model):
+    return [keras.ops.convert_to_numpy(w).copy() for w in model.weights]
+
+
+def assert_unchanged(model, before):
+    for w, b in zip(model.weights, before, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(w), b)
+
+
+def corrupt(params, kind):
+    params = dict(params)
+    if kind == "missing":
+        del params["Transformer/encoderblock_1/MlpBlock_3/Dense_0/bias"]
+    elif kind == "shape":
+        params["Transformer/encoder_norm/scale"] = np.ones(48, "float32")
+    elif kind == "layers":
+        params = {k: v for k, v in params.items() if "encoderblock_1" not in k}
+    return params
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("missing", r"c\.npz: key 'Transformer/encoderblock_1/MlpBlock_3/Dense_0/bias' is missing"),
+    ("shape", r"shape mismatch for 'Transformer/encoder_norm/scale': the model expects \(32,\), "
+              r"the checkpoint has \(48,\)"),
+    ("layers", "checkpoint has 1 encoder blocks, the model has 2"),
+])
+def test_bad_checkpoints_are_refused_and_change_nothing(tmp_path, kind, message):
+    params = official_layout.random_checkpoint(np.random.default_rng(7))
+    path = write(tmp_path / "c.npz", corrupt(params, kind))
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=7))
+    before = snapshot(model)
+    with pytest.raises(ValueError, match=message):
+        vk.load_npz(model, path)
+    assert_unchanged(model, before)
+
+
+def test_not_an_npz_and_pickled_objects_are_refused(tmp_path):
+    model = vk.vit(TINY, image_size=32, num_classes=7)
+    text = tmp_path / "notes.npz"
+    text.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match="notes.npz' is not an .npz file"):
+        vk.load_npz(model, text)
+    pickled = tmp_path / "pickled.npz"
+    np.savez(pickled, cls=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(ValueError, match="array 'cls' holds pickled Python objects"):
+        vk.load_npz(model, pickled)
+
+
+def test_unused_keys_are_reported(tmp_path):
+    params = official_layout.random_checkpoint(np.random.default_rng(8))
+    params["optimizer/momentum"] = np.zeros(3, "float32")
+    model = vk.vit(TINY, image_size=32, num_classes=7)
+    with pytest.warns(UserWarning, match=r"unused keys \['optimizer/momentum'\]"):
+        report = vk.load_npz(model, write(tmp_path / "c.npz", params))
+    assert report.unused == ["optimizer/momentum"]
+
+
+def randomize_torch(module, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
+    return module
+
+
+def test_timm_state_dict_import_matches_timm(tmp_path):
+    from safetensors.torch import save_file
+
+    reference = randomize_torch(timm_vit(approximate=False))
+    save_file(reference.state_dict(), tmp_path / "timm.safetensors")
+    path = str(tmp_path / "timm.safetensors")
+    report = vk.load_pytorch_weights(
+        vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False), path)
+    assert report.unused == [] and report.layout == "timm state dict"
+    model = vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False, weights=path)
+    np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
+                               atol=1e-4)
+
+
+def hf_config(**kwargs):
+    from transformers import ViTConfig
+
+    return ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, image_size=32, patch_size=8, **kwargs)
+
+
+def test_hugging_face_classifier_import_matches_transformers(tmp_path):
+    from transformers import ViTForImageClassification
+
+    reference = randomize_torch(ViTForImageClassification(hf_config(num_labels=5)).eval(), 1)
+    reference.save_pretrained(tmp_path / "hf")
+    model = vk.vit(TINY, image_size=32, num_classes=5, approximate_gelu=False)
+    vk.load_pytorch_weights(model, str(tmp_path / "hf" / "model.safetensors"))
+    x = images()
+    with torch.no_grad():
+        expected = reference(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits.numpy()
+    np.testing.assert_allclose(logits(model, x), expected, atol=1e-4)
+
+
+def test_hugging_face_pooler_is_the_representation_layer():
+    from transformers import ViTModel
+
+    reference = randomize_torch(ViTModel(hf_config()).eval(), 2)
+    model = vk.vit(TINY, image_size=32, include_top=False, representation_size=32,
+                   approximate_gelu=False)
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    vk.load_pytorch_weights(model, state)
+    x = images()
+    with torch.no_grad():
+        expected = reference(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).pooler_output
+    np.testing.assert_allclose(logits(model, x), expected.numpy(), atol=1e-4)
+
+
+def test_unknown_state_dict_is_refused():
+    model = vk.vit(TINY, image_size=32, num_classes=7)
+    with pytest.raises(ValueError, match="neither a timm ViT .* nor a Hugging Face ViT"):
+        vk.load_pytorch_weights(model, {"conv.weight": np.zeros(3)})
+
+
+@pytest.fixture
+def weights_server(tmp_path, monkeypatch):
+    """A loopback HTTP server over tmp_path/served, counting the requests it answers."""
+    root = tmp_path / "served"
+    root.mkdir()
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self):  # noqa: N802
+            requests.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("VIT_KERAS_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}/")
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    yield root, requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_named_checkpoint_is_fetched_once_from_its_address(weights_server):
+    root, requests = weights_server
+    entry = pretrained.checkpoint("Ti/16", "augreg_in21k")
+    source = randomize(vk.vit("Ti/16", num_classes=entry.num_classes), scale=0.02)
+    (root / "augreg").mkdir()
+    vk.save_npz(source, root / entry.path)
+    x = images(batch=1, height=224, width=224)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # same head shape: nothing to warn about
+        first = vk.vit("Ti/16", num_classes=entry.num_classes, weights="augreg_in21k")
+    second = vk.vit("Ti/16", num_classes=entry.num_classes, weights="augreg_in21k")
+    np.testing.assert_allclose(logits(first, x), logits(source, x), atol=1e-4)
+    np.testing.assert_allclose(logits(second, x), logits(source, x), atol=1e-4)
+    assert requests == ["/" + entry.path]  # the second build read the cache
+
+
+def test_unknown_pretrained_names_and_variants_are_refused():
+    with pytest.raises(ValueError, match=r"no 'augreg_in21k' checkpoint for variant 'H/14'"):
+        vk.vit("H/14", weights="augreg_in21k")
+    with pytest.raises(FileNotFoundError, match="'imagenet' does not exist"):
+        vk.vit(TINY, image_size=32, weights="imagenet")

@@ -3,6 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The end-to-end tests train on real Fashion-MNIST (Debian's package, MIT licence).
+if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null
+fi
 .venv/bin/ruff check vit_keras apps tests
 for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend"

@@ -42,3 +42,60 @@ def test_convert_npz_to_keras_and_back(tmp_path, capsys):
     np.testing.assert_array_equal(back["embedding/kernel"], params["embedding/kernel"])
     with pytest.raises(FileExistsError, match="back.npz' exists"):
         convert.main([str(tmp_path / "out.keras"), str(tmp_path / "back.npz")])
+
+
+def saved_tiny_model(tmp_path, num_classes=2):
+    import vit_keras as vk
+    from tests.conftest import randomize
+
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=num_classes), scale=0.05)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    (tmp_path / "labels.txt").write_text("cat\ndog\n")
+    return model, str(path)
+
+
+def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
+    import keras
+    import numpy as np
+    from PIL import Image
+
+    import vit_keras as vk
+    from apps import predict
+
+    model, path = saved_tiny_model(tmp_path)
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "a.png")
+    results = predict.main([path, str(tmp_path / "a.png"), "--top-k", "2"])
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(model(vk.preprocess(pixels[None]))))
+    best = int(expected[0].argmax())
+    assert results[0][0] == (["cat", "dog"][best], pytest.approx(float(expected[0, best]),
+                                                                 abs=1e-5))
+    assert "a.png: " in capsys.readouterr().out
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n garbage")
+    with pytest.raises(ValueError, match=r"cannot read image file '.*broken\.png'"):
+        predict.main([path, str(tmp_path / "broken.png")])
+    with pytest.raises(FileNotFoundError, match="no such image file or folder"):
+        predict.main([path, str(tmp_path / "missing.png")])
+
+
+def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from apps import evaluate
+
+    _, path = saved_tiny_model(tmp_path)
+    rng = np.random.default_rng(1)
+    for name in ("cat", "dog"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(
+                tmp_path / "images" / name / f"{i}.png")
+    report = evaluate.main([path, "--folder", str(tmp_path / "images")])
+    matrix = np.array(report["confusion_matrix"])
+    assert matrix.sum() == 6 and matrix.sum(axis=1).tolist() == [3, 3]
+    assert report["top1"] == pytest.approx(np.trace(matrix) / 6)
+    assert report["top5"] == 1.0  # two classes: the true one is always in the top 5
+    with Image.open(tmp_path / "confusion_matrix.png") as png:
+        assert png.format == "PNG" and png.size[0] >= 300

@@ -1,0 +1,55 @@
+"""Evaluates a saved model (.keras) on a held-out set: top-1, top-5, per-class accuracy and a
+confusion matrix saved as PNG, all written to --out as well as printed.
+
+python -m apps.evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
+"""
+
+import argparse
+import json
+import os
+
+import keras
+
+from vit_keras import data, evaluation
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .keras file")
+    parser.add_argument("--dataset", default="fashion_mnist", help="fashion_mnist or a tfds name")
+    parser.add_argument("--folder", help="evaluate on DIR/<class>/<images> instead")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
+                                      "(default: beside the model)")
+    args = parser.parse_args(argv)
+    model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    if args.folder:
+        dataset, names = data.from_folder(args.folder)
+    elif args.dataset == "fashion_mnist":
+        dataset = data.from_arrays(*data.load_fashion_mnist(args.split, args.data_dir))
+        names = data.FASHION_MNIST_CLASSES
+    else:
+        dataset, names = data.from_tfds(args.dataset, args.split, args.data_dir)
+    num_classes = model.output.shape[-1]
+    names = names or [str(i) for i in range(num_classes)]
+    batches = data.make_pipeline(dataset, image_size=tuple(model.input.shape[1:3]),
+                                 num_classes=num_classes, batch_size=args.batch_size,
+                                 training=False, channels=model.input.shape[-1])
+    report = evaluation.classification_report(*evaluation.predict_labels(model, batches), names)
+    out = args.out or os.path.dirname(os.path.abspath(args.model))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "evaluation.json"), "w") as file:
+        json.dump(report, file, indent=1)
+    evaluation.save_confusion_matrix(report["confusion_matrix"], names,
+                                     os.path.join(out, "confusion_matrix.png"))
+    print(f"{report['images']} images: top-1 {report['top1']:.4f}, top-5 {report['top5']:.4f}")
+    for name, accuracy in report["per_class"].items():
+        print(f"  {name:>14}: {accuracy:.4f}")
+    print(f"wrote {os.path.join(out, 'evaluation.json')} and confusion_matrix.png")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Prints the top-k labels with probabilities for image files (or every image in a folder),
+with a .keras model or any export: SavedModel folder, .tflite or .onnx.
+
+python -m apps.predict runs/fashion_mnist/model.keras shoe.png bag.jpg [--top-k 3]
+python -m apps.predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
+Labels come from labels.txt beside the model unless --labels names another file.
+"""
+
+import argparse
+import os
+import pathlib
+
+import numpy as np
+
+from vit_keras import data
+from vit_keras.export import Predictor
+
+
+def image_paths(inputs) -> list[str]:
+    paths = []
+    for item in inputs:
+        item = pathlib.Path(item)
+        if item.is_dir():
+            paths += sorted(str(p) for p in item.rglob("*") if p.suffix.lower()
+                            in data.IMAGE_SUFFIXES)
+        elif item.exists():
+            paths.append(str(item))
+        else:
+            raise FileNotFoundError(f"no such image file or folder: {str(item)!r}")
+    if not paths:
+        raise ValueError("no image files given")
+    return paths
+
+
+def read_labels(path, count):
+    if path and os.path.exists(path):
+        with open(path) as file:
+            return [line.rstrip("\n") for line in file][:count]
+    return [str(i) for i in range(count)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .keras file, SavedModel folder, .tflite or .onnx")
+    parser.add_argument("images", nargs="+", help="image files or folders")
+    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--labels", help="one class name a line (default: labels.txt beside "
+                                         "the model)")
+    args = parser.parse_args(argv)
+    model = Predictor(args.model)
+    paths = image_paths(args.images)
+    height, width, channels = model.input_shape
+    pixels = data.load_image_files(paths, (height, width), channels)
+    probabilities = model(pixels)["probabilities"]
+    beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), "labels.txt")
+    labels = read_labels(args.labels or beside, probabilities.shape[-1])
+    results = []
+    for path, row in zip(paths, probabilities, strict=True):
+        best = np.argsort(-row)[:args.top_k]
+        results.append([(labels[i], float(row[i])) for i in best])
+        print(f"{path}: " + ", ".join(f"{labels[i]} {row[i]:.3f}" for i in best))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Trains a ViT with one of the recipes and evaluates it; with no arguments, the main job:
+a small ViT on Fashion-MNIST (offline), evaluated on its test split.
+
+python -m apps.train [--dataset fashion_mnist | --dataset NAME (tfds) | --folder DIR]
+                     [--recipe fashion_mnist|pretrain|finetune|scratch] [--epochs N] ...
+
+Rerunning the same command after an interruption resumes from the last finished epoch.
+"""
+
+import argparse
+import json
+import os
+import time
+
+import keras
+
+from apps.common import add_model_arguments, model_from_arguments
+from vit_keras import data, training
+
+# The main job's model: 7x7 patches of 4x4 pixels, 4 blocks of width 64.
+MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
+                      patch_size=4, image_size=28, num_classes=10)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_argument_group("data")
+    source.add_argument("--dataset", default="fashion_mnist",
+                        help="fashion_mnist (offline IDX files) or any tfds name")
+    source.add_argument("--folder", help="train on DIR/<class>/<images> instead")
+    source.add_argument("--eval-folder", help="held-out DIR/<class>/<images> for --folder")
+    source.add_argument("--data-dir", help="tfds data_dir, or where the IDX files are")
+    source.add_argument("--train-split", default="train")
+    source.add_argument("--eval-split", default="test")
+    source.add_argument("--on-bad-image", default="skip", choices=["skip", "raise"])
+    run = parser.add_argument_group("training")
+    run.add_argument("--recipe", default=None, choices=sorted(training.RECIPES),
+                     help="default: fashion_mnist for the main job, else scratch")
+    run.add_argument("--epochs", type=int, default=12)
+    run.add_argument("--batch-size", type=int, default=128)
+    run.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
+    run.add_argument("--weights", help="initial weights (.npz, .keras, ...), e.g. to fine-tune")
+    run.add_argument("--limit", type=int, default=None, help="use only N training images")
+    run.add_argument("--run-dir", default=None, help="default runs/<dataset>")
+    add_model_arguments(parser)
+    parser.set_defaults(**{k: v for k, v in MAIN_JOB_MODEL.items()})
+    return parser
+
+
+def load_sources(args):
+    """(train dataset, eval dataset, class names, number of training images)."""
+    if args.folder:
+        train, names = data.from_folder(args.folder, on_error=args.on_bad_image)
+        evaluation = (data.from_folder(args.eval_folder, on_error=args.on_bad_image)[0]
+                      if args.eval_folder else None)
+        count = int(train.cardinality()) if train.cardinality() >= 0 else None
+        count = count or sum(1 for _ in train)
+        return train, evaluation, names, count
+    if args.dataset == "fashion_mnist":
+        images, labels = data.load_fashion_mnist(args.train_split, args.data_dir)
+        if args.limit:
+            images, labels = images[:args.limit], labels[:args.limit]
+        test = data.from_arrays(*data.load_fashion_mnist(args.eval_split, args.data_dir))
+        return data.from_arrays(images, labels), test, data.FASHION_MNIST_CLASSES, len(images)
+    train, names = data.from_tfds(args.dataset, args.train_split, args.data_dir)
+    evaluation, _ = data.from_tfds(args.dataset, args.eval_split, args.data_dir)
+    count = int(train.cardinality()) if train.cardinality() >= 0 else sum(1 for _ in train)
+    return train, evaluation, names, count
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    started = time.time()
+    recipe_name = args.recipe or ("fashion_mnist" if args.dataset == "fashion_mnist"
+                                  and not args.folder else "scratch")
+    recipe = training.RECIPES[recipe_name]
+    run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
+    train, evaluation, names, count = load_sources(args)
+    if args.limit:
+        count = min(count, args.limit)
+        train = train.take(count)
+    num_classes = len(names) or args.num_classes
+    model = model_from_arguments(args, num_classes=num_classes,
+                                 dropout_rate=recipe.dropout_rate,
+                                 stochastic_depth_rate=recipe.stochastic_depth_rate,
+                                 weights=args.weights)
+    augment = ()
+    if recipe.randaugment:
+        augment = (keras.layers.RandAugment(value_range=(0, 255), num_ops=recipe.randaugment[0],
+                                            factor=recipe.randaugment[1]),)
+    pipeline = dict(image_size=args.image_size, num_classes=num_classes,
+                    batch_size=args.batch_size, channels=3)
+    train_batches = data.make_pipeline(
+        train, training=True, crop=recipe.crop, flip=recipe.flip, augment=augment,
+        mixup_alpha=recipe.mixup_alpha, cutmix_alpha=recipe.cutmix_alpha, **pipeline).repeat()
+    eval_batches = (data.make_pipeline(evaluation, training=False, cache=True, **pipeline)
+                    if evaluation is not None else None)
+    steps = max(count // args.batch_size, 1)
+    print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
+          f"{recipe_name} for {args.epochs} epochs of {steps} steps; run dir {run_dir}")
+    history = training.train(model, recipe, train_batches, epochs=args.epochs,
+                             steps_per_epoch=steps, run_dir=run_dir,
+                             validation_data=eval_batches, learning_rate=args.learning_rate)
+    model_path = os.path.join(run_dir, "model.keras")
+    model.save(model_path)
+    with open(os.path.join(run_dir, "labels.txt"), "w") as file:
+        file.write("\n".join(names or map(str, range(num_classes))) + "\n")
+    result = {"epochs": len(history), "train_seconds": round(time.time() - started, 1),
+              "model": model_path}
+    if eval_batches is not None:
+        scores = model.evaluate(eval_batches, return_dict=True, verbose=0)
+        result.update(test_accuracy=round(scores["accuracy"], 4),
+                      test_top5=round(scores["top5"], 4))
+    result["total_seconds"] = round(time.time() - started, 1)
+    with open(os.path.join(run_dir, "result.json"), "w") as file:
+        json.dump(result, file, indent=1)
+    print(json.dumps(result, indent=1))
+    print(f"model: {model_path}; history: {os.path.join(run_dir, 'history.csv')}; "
+          f"labels: {os.path.join(run_dir, 'labels.txt')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

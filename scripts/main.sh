@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main job: sets everything up, trains a small ViT on Fashion-MNIST, evaluates it on the
+# test split and saves it (runs/fashion_mnist/). Extra arguments go to `python -m apps.train`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null
+  else
+    echo "Fashion-MNIST is missing: run 'sudo apt-get install dataset-fashion-mnist'," \
+         "or pass --data-dir with the four IDX files." >&2
+  fi
+fi
+KERAS_BACKEND=${KERAS_BACKEND:-tensorflow} .venv/bin/python -m apps.train "$@"

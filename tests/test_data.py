@@ -1,0 +1,119 @@
+import gzip
+import struct
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from PIL import Image
+
+import vit_keras as vk
+from tests.conftest import TINY
+from vit_keras import data
+
+
+def fit_one_epoch(batches, image_size=32, num_classes=10):
+    model = vk.vit(TINY, image_size=image_size, num_classes=num_classes)
+    model.compile("adam", keras.losses.CategoricalCrossentropy(from_logits=True))
+    history = model.fit(batches, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_tfds_mock_data_feeds_fit():
+    with tfds.testing.mock_data(num_examples=16):
+        dataset, names = data.from_tfds("fashion_mnist", "train")
+        batches = data.make_pipeline(dataset, image_size=32, num_classes=10, batch_size=8,
+                                     training=True)
+        images, labels = next(iter(batches))
+        fit_one_epoch(batches.take(2))
+    assert names[0] == "T-shirt/top"
+    assert tuple(images.shape) == (8, 32, 32, 3) and tuple(labels.shape) == (8, 10)
+
+
+def test_numpy_source_and_preprocessing_range_and_shape():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (12, 20, 24, 1), dtype=np.uint8)
+    images[0] = 0
+    images[1] = 255
+    labels = rng.integers(0, 3, 12)
+    evaluation = data.make_pipeline(data.from_arrays(images, labels), image_size=(20, 24),
+                                    num_classes=3, batch_size=12, training=False)
+    x, y = next(iter(evaluation))
+    assert tuple(x.shape) == (12, 20, 24, 3) and x.dtype == tf.float32
+    np.testing.assert_allclose(x[0], -1.0)
+    np.testing.assert_allclose(x[1], 1.0)
+    # evaluation is a plain resize + scaling: same size means the pixels themselves
+    np.testing.assert_allclose(x.numpy()[..., 0], (images[..., 0] - 127.5) / 127.5, atol=1e-6)
+    np.testing.assert_array_equal(y.numpy(), np.eye(3)[labels])
+    train = data.make_pipeline(data.from_arrays(images, labels), image_size=32, num_classes=3,
+                               batch_size=4, training=True)
+    for x, _ in train:
+        assert tuple(x.shape) == (4, 32, 32, 3)
+        assert -1.0 <= float(tf.reduce_min(x)) and float(tf.reduce_max(x)) <= 1.0
+    fit_one_epoch(train, num_classes=3)
+
+
+def test_mixup_gives_soft_labels_that_sum_to_one():
+    images = np.random.default_rng(1).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
+    batches = data.make_pipeline(data.from_arrays(images, np.arange(16) % 4), image_size=32,
+                                 num_classes=4, batch_size=16, training=True, mixup_alpha=0.8,
+                                 seed=0)
+    _, labels = next(iter(batches))
+    np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0, atol=1e-5)
+    assert not np.all(np.isin(labels.numpy(), [0.0, 1.0]))
+
+
+def write_folder(root, corrupt=False):
+    rng = np.random.default_rng(2)
+    for name in ("cat", "dog"):
+        (root / name).mkdir(parents=True)
+        for i in range(5):
+            pixels = rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    if corrupt:
+        (root / "dog" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (root / "dog" / "notes.txt").write_text("ignored: not an image suffix")
+
+
+def test_image_folder_feeds_fit(tmp_path):
+    write_folder(tmp_path)
+    dataset, names = data.from_folder(str(tmp_path))
+    assert names == ["cat", "dog"]
+    assert sorted(int(label) for _, label in dataset) == [0] * 5 + [1] * 5
+    fit_one_epoch(data.make_pipeline(dataset, image_size=32, num_classes=2, batch_size=4,
+                                     training=True), num_classes=2)
+
+
+def test_corrupt_image_is_skipped_and_named_or_raises(tmp_path):
+    write_folder(tmp_path, corrupt=True)
+    with pytest.warns(UserWarning, match=r"skipped 1 unreadable image file\(s\): .*broken.jpg"):
+        dataset, _ = data.from_folder(str(tmp_path))
+    assert sum(1 for _ in dataset) == 10
+    with pytest.raises(ValueError, match=r"corrupt image file '.*broken\.jpg'"):
+        data.from_folder(str(tmp_path), on_error="raise")
+
+
+def write_idx(path, array):
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as file:
+        file.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_fashion_mnist_from_idx_files_and_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "FASHION_MNIST_DIRS", ())
+    images = np.random.default_rng(3).integers(0, 256, (5, 28, 28), dtype=np.uint8)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images)
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.arange(5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        x, y = data.load_fashion_mnist("test", data_dir=str(tmp_path))
+    np.testing.assert_array_equal(x[..., 0], images)
+    np.testing.assert_array_equal(y, np.arange(5))
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        data.load_fashion_mnist("train", data_dir=str(tmp_path))
+    (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
+    with pytest.raises(ValueError, match="is not an unsigned-byte IDX file"):
+        data.read_idx(str(tmp_path / "bad"))

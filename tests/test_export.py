@@ -1,0 +1,141 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import vit_keras as vk
+from apps import export as export_app
+from apps import predict
+from tests.conftest import TINY
+from vit_keras.export import Predictor
+
+ROOT = Path(__file__).parents[1]
+
+
+def quadrant_data(count, seed):
+    """4 classes: which quadrant of a 32x32 image is bright. uint8 images, int labels."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 4, count)
+    images = rng.integers(0, 120, (count, 32, 32, 3))
+    for image, label in zip(images, labels, strict=True):
+        row, col = divmod(int(label), 2)
+        image[row * 16:(row + 1) * 16, col * 16:(col + 1) * 16] += 120
+    return images.astype(np.uint8), labels
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained on the current backend, saved as .keras with labels.txt."""
+    folder = tmp_path_factory.mktemp("run")
+    images, labels = quadrant_data(1024, 0)
+    model = vk.vit(TINY, image_size=32, num_classes=4)
+    model.compile(keras.optimizers.Adam(2e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    model.fit(vk.preprocess(images), labels, batch_size=32, epochs=8, verbose=0)
+    model.save(folder / "model.keras")
+    (folder / "labels.txt").write_text("top-left\ntop-right\nbottom-left\nbottom-right\n")
+    held_out = folder / "held_out"
+    from PIL import Image
+
+    test_images, test_labels = quadrant_data(300, 1)
+    predicted = keras.ops.convert_to_numpy(model(vk.preprocess(test_images))).argmax(-1)
+    assert (predicted == test_labels).mean() > 0.9  # a trained model, not noise
+    for i, (image, label) in enumerate(zip(test_images, test_labels, strict=True)):
+        (held_out / str(label)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(held_out / str(label) / f"{i}.png")
+    return folder, model, test_images
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    folder, _, _ = trained
+    out = tmp_path_factory.mktemp("export") / "tiny"
+    # Under JAX or PyTorch this runs the export in a TensorFlow child process.
+    export_app.main([str(folder / "model.keras"), "--out", str(out), "--folder",
+                     str(folder / "held_out"), "--samples", "300", "--calibration", "200"])
+    return out, json.loads((out / "export_report.json").read_text())
+
+
+def test_every_format_agrees_with_keras(trained, exported):
+    _, model, _ = trained
+    out, report = exported
+    formats = report["formats"]
+    assert set(formats) == {"saved_model", "tflite_float32", "tflite_float16",
+                            "tflite_dynamic_int8", "tflite_int8", "onnx"}
+    for kind in ("saved_model", "tflite_float32", "onnx"):
+        assert formats[kind]["max_abs_diff_probabilities"] <= 1e-4, kind
+    assert formats["tflite_float16"]["max_abs_diff_probabilities"] <= 1e-2
+    for kind in ("tflite_int8", "tflite_dynamic_int8"):
+        assert formats[kind]["top1_agreement"] >= 0.99, (kind, formats[kind])
+        assert formats[kind]["images"] == 300
+    assert formats["tflite_int8"]["size_bytes"] < formats["tflite_float32"]["size_bytes"]
+    assert (out / "labels.txt").read_text().splitlines()[0] == "top-left"
+
+
+def test_exports_answer_like_keras_when_run_here(trained, exported):
+    _, model, images = trained
+    out, _ = exported
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(model(vk.preprocess(images[:20]))))
+    for name in ("saved_model", "model_float32.tflite", "model.onnx"):
+        got = Predictor(str(out / name))(images[:20])["probabilities"]
+        np.testing.assert_allclose(got, expected, atol=1e-4, err_msg=name)
+
+
+def test_predict_app_gives_the_same_answer_from_every_format(trained, exported):
+    from PIL import Image
+
+    folder, model, _ = trained
+    out, _ = exported
+    image = sorted((folder / "held_out" / "2").iterdir())[0]
+    expected = ["top-left", "top-right", "bottom-left", "bottom-right"][int(keras.ops.argmax(
+        model(vk.preprocess(np.asarray(Image.open(image))[None]))[0]))]
+    answers = []
+    for model in (folder / "model.keras", out / "saved_model", out / "model_float32.tflite",
+                  out / "model_float16.tflite", out / "model_int8.tflite", out / "model.onnx"):
+        top = predict.main([str(model), str(image), "--top-k", "1"])[0][0]
+        answers.append(top[0])
+    assert set(answers) == {expected}, answers
+
+
+def test_saved_model_runs_without_vit_keras_or_keras(trained, exported, tmp_path):
+    _, model, images = trained
+    out, _ = exported
+    np.save(tmp_path / "x.npy", images[:8])
+    code = f"""
+import sys
+sys.modules["vit_keras"] = None  # make any import of them fail
+sys.modules["keras"] = None
+import numpy as np, tensorflow as tf
+serve = tf.saved_model.load({str(out / "saved_model")!r}).signatures["serving_default"]
+out = serve(images=tf.constant(np.load({str(tmp_path / "x.npy")!r})))
+np.save({str(tmp_path / "p.npy")!r}, out["probabilities"].numpy())
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": ""})
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(model(vk.preprocess(images[:8]))))
+    np.testing.assert_allclose(np.load(tmp_path / "p.npy"), expected, atol=1e-4)
+
+
+def test_export_refuses_to_overwrite(trained, exported):
+    folder, _, _ = trained
+    out, _ = exported
+    command = [sys.executable, "-m", "apps.export", str(folder / "model.keras"), "--out",
+               str(out), "--folder", str(folder / "held_out"), "--formats", "tflite_float32"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    assert done.returncode != 0
+    assert "exists; pass overwrite=True (--overwrite)" in done.stderr
+
+
+def test_wrong_input_shape_is_refused(exported):
+    out, _ = exported
+    predictor = Predictor(str(out / "model_float32.tflite"))
+    with pytest.raises(ValueError, match=r"expected uint8 images of shape \(batch, 32, 32, 3\), "
+                                         r"got float32 \(1, 28, 28, 3\)"):
+        predictor(np.zeros((1, 28, 28, 3), np.float32))

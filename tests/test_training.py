@@ -1,0 +1,136 @@
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import vit_keras as vk
+from tests.conftest import TINY, images
+from vit_keras import training
+
+ROOT = Path(__file__).parents[1]
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+def test_schedule_equals_its_formula(decay):
+    schedule = training.WarmupSchedule(peak=1e-3, total_steps=110, warmup_steps=10, decay=decay)
+    shape = {"cosine": lambda p: 0.5 * (1 + math.cos(math.pi * p)), "linear": lambda p: 1 - p}
+    for step, expected in [(0, 0.0), (5, 5e-4), (10, 1e-3), (35, 1e-3 * shape[decay](0.25)),
+                           (60, 1e-3 * shape[decay](0.5)), (110, 0.0), (200, 0.0)]:
+        np.testing.assert_allclose(float(schedule(step)), expected, atol=1e-9, err_msg=step)
+    assert training.WarmupSchedule.from_config(schedule.get_config()).decay == decay
+
+
+def test_weight_decay_touches_kernels_only():
+    model = vk.vit(TINY, image_size=32, num_classes=3, representation_size=8)
+    recipe = training.Recipe("adamw", 0.1, "linear", 0, weight_decay=0.5)
+    optimizer = training.make_optimizer(recipe, model, total_steps=10**9)
+    before = {v.path: keras.ops.convert_to_numpy(v).copy() for v in model.trainable_variables}
+    for variable in model.trainable_variables:  # nothing is zero, so decay would show
+        variable.assign(np.ones(variable.shape, "float32"))
+    zero_grads = [keras.ops.zeros(v.shape) for v in model.trainable_variables]
+    optimizer.apply(zero_grads, model.trainable_variables)  # Adam step of 0: only decay acts
+    changed = {v.path for v in model.trainable_variables
+               if not np.allclose(keras.ops.convert_to_numpy(v), 1.0)}
+    kernels = {p for p in before if p.endswith("kernel")}
+    assert changed == kernels
+    assert any("cls" in p for p in before) and any("pos_embedding" in p for p in before)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")
+    y = np.eye(3)[rng.integers(0, 3, 8)].astype("float32")
+    results = []
+    for accumulate, batch in [(2, 4), (None, 8)]:
+        keras.utils.set_random_seed(0)
+        model = vk.vit(TINY, image_size=32, num_classes=3)
+        model.set_weights([np.full(w.shape, 0.05, "float32") + 0.01 * np.arange(w.size).reshape(
+            w.shape) % 0.1 for w in model.get_weights()])
+        recipe = training.Recipe("sgd", 0.5, "linear", 0, momentum=0.0, clipnorm=None,
+                                 gradient_accumulation_steps=accumulate)
+        training.compile_model(model, recipe, total_steps=10**9)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        results.append(model.get_weights())
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+    assert any(not np.allclose(w, 0.05) for w in results[0])
+
+
+def test_history_file_keeps_one_row_per_epoch(tmp_path):
+    history = training.HistoryFile(str(tmp_path / "history.json"))
+    for epoch, loss in [(0, 2.0), (1, 1.5), (1, 1.4), (2, 1.0)]:  # epoch 1 ran twice
+        history.on_epoch_end(epoch, {"loss": loss})
+    assert history.read() == {0: {"loss": 2.0}, 1: {"loss": 1.4}, 2: {"loss": 1.0}}
+    csv = (tmp_path / "history.csv").read_text().splitlines()
+    assert csv == ["epoch,loss", "0,2.0", "1,1.4", "2,1.0"]
+
+
+def test_recipe_fields_reach_the_optimizer():
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    recipe = training.Recipe("sgd", 0.01, "cosine", 0.1, ema_momentum=0.999, clipnorm=1.0)
+    optimizer = training.make_optimizer(recipe, model, total_steps=100)
+    assert optimizer.use_ema and optimizer.ema_momentum == 0.999
+    assert optimizer.global_clipnorm == 1.0
+    assert optimizer._learning_rate.warmup_steps == 10
+    with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
+        training.make_optimizer(training.Recipe("lamb", 0.1, "cosine", 0), model, 10)
+
+
+TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
+              "--patch-size", "7", "--batch-size", "64"]
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+def test_killed_run_resumes_with_complete_history(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "apps.train", "--limit", "2048", "--epochs", "5",
+               "--run-dir", str(run_dir), *TINY_FLAGS]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    history = run_dir / "history.json"
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and first.poll() is None:
+            if history.exists() and len(json.loads(history.read_text())) >= 2:
+                break
+            time.sleep(0.2)
+        assert first.poll() is None, "the first run ended before it could be interrupted"
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    done_before = len(json.loads(history.read_text()))
+    assert 2 <= done_before < 5
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr[-2000:]
+    epochs = json.loads(history.read_text())
+    assert sorted(int(e) for e in epochs) == [0, 1, 2, 3, 4]
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["epochs"] == 5
+    # the second run did only the epochs that were missing
+    assert second.stdout.count("Epoch ") <= 5 - done_before + 1
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+def test_end_to_end_on_real_fashion_mnist(tmp_path):
+    from apps import train
+
+    result = train.main(["--limit", "4096", "--epochs", "3", "--run-dir", str(tmp_path),
+                         *TINY_FLAGS])
+    assert result["test_accuracy"] > 0.6  # chance is 0.1
+    loaded = keras.saving.load_model(result["model"], safe_mode=True)
+    assert loaded.output.shape[-1] == 10
+    assert (tmp_path / "labels.txt").read_text().splitlines()[0] == "T-shirt/top"
+    assert keras.ops.convert_to_numpy(loaded(images(1, 28, 28))).shape == (1, 10)

@@ -1,0 +1,295 @@
+"""tf.data input pipelines for model.fit on any Keras backend: sources, the official
+preprocessing, augmentation and batching. Images travel as uint8 until the last map, which
+scales them to [-1, 1] and emits one-hot float labels (what Mixup, CutMix and label
+smoothing need)."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pathlib
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+AUTOTUNE = tf.data.AUTOTUNE
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
+# ------------------------------------------------------------------------- sources
+
+
+def from_arrays(images: np.ndarray, labels: np.ndarray) -> tf.data.Dataset:
+    """NumPy images (N, H, W[, C]) uint8 and integer labels (N,)."""
+    images = np.asarray(images)
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4 or len(images) != len(labels):
+        raise ValueError(f"expected images (N, H, W[, C]) and N labels, got images "
+                         f"{images.shape} and {len(labels)} labels")
+    return tf.data.Dataset.from_tensor_slices((images, np.asarray(labels, "int64")))
+
+
+def from_tfds(name: str, split: str, data_dir: str | None = None,
+              shuffle_files: bool = False) -> tuple[tf.data.Dataset, list[str]]:
+    """A tfds dataset as (image, label) pairs, and its class names."""
+    import tensorflow_datasets as tfds
+
+    dataset, info = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
+                              with_info=True, shuffle_files=shuffle_files)
+    label = info.features["label"] if "label" in info.features else None
+    names = list(label.names) if label is not None and hasattr(label, "names") else []
+    return dataset, names
+
+
+def _check_image(path: pathlib.Path) -> str | None:
+    """None when the file decodes completely, else why not."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+    except Exception as err:  # PIL raises many types for bad files
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def from_folder(directory: str, on_error: str = "skip",
+                check: bool = True) -> tuple[tf.data.Dataset, list[str]]:
+    """Images in one sub-folder per class (sorted names are the labels).
+
+    Every file is decoded once up front (check=True) so that a corrupt one is found before
+    training: on_error="skip" leaves it out with a warning naming it and counting them all,
+    on_error="raise" stops with a ValueError naming the file.
+    """
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
+    root = pathlib.Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {directory!r} does not exist")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise ValueError(f"image folder {directory!r} has no class sub-folders "
+                         "(expected DIR/<class name>/<image files>)")
+    paths, labels, bad = [], [], []
+    for index, name in enumerate(classes):
+        for path in sorted((root / name).iterdir()):
+            if path.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            problem = _check_image(path) if check else None
+            if problem:
+                if on_error == "raise":
+                    raise ValueError(f"corrupt image file {str(path)!r}: {problem}")
+                bad.append(str(path))
+                continue
+            paths.append(str(path))
+            labels.append(index)
+    if bad:
+        warnings.warn(f"skipped {len(bad)} unreadable image file(s): {', '.join(bad)}",
+                      stacklevel=2)
+    if not paths:
+        raise ValueError(f"image folder {directory!r} holds no readable images")
+
+    def load(path, label):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        return image, label
+
+    dataset = tf.data.Dataset.from_tensor_slices((paths, np.array(labels, "int64")))
+    return dataset.map(load, num_parallel_calls=AUTOTUNE), classes
+
+
+def load_image_files(paths, size, channels: int = 3) -> np.ndarray:
+    """Image files -> uint8 (N, height, width, channels), resized; a file that does not
+    decode gets a ValueError naming it."""
+    from PIL import Image, UnidentifiedImageError
+
+    height, width = (size, size) if isinstance(size, int) else size
+    out = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB" if channels == 3 else "L")
+                image = image.resize((width, height), Image.BILINEAR)
+                out.append(np.asarray(image, np.uint8).reshape(height, width, channels))
+        except FileNotFoundError:
+            raise
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise ValueError(f"cannot read image file {str(path)!r}: {err}") from err
+    return np.stack(out)
+
+
+def sample_images(dataset: tf.data.Dataset, size, channels: int, count: int) -> np.ndarray:
+    """The first `count` images of an (image, label) dataset, resized, as uint8 NumPy."""
+    size = (size, size) if isinstance(size, int) else tuple(size)
+
+    def prepare(image, _):
+        if channels == 3 and image.shape[-1] == 1:
+            image = tf.repeat(image, 3, axis=-1)
+        return _resize(image, size)
+
+    batch = next(iter(dataset.take(count).map(prepare).batch(count)))
+    return batch.numpy()
+
+
+# ------------------------------------------------------------ Fashion-MNIST offline
+
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
+                         "Shirt", "Sneaker", "Bag", "Ankle boot"]
+FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
+_IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An IDX file (gzipped or not): big-endian magic 0 0 dtype ndim, uint32 dims, data."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as file:
+        data = file.read()
+    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
+        raise ValueError(f"{path!r} is not an unsigned-byte IDX file (bad magic {data[:4]!r})")
+    ndim = data[3]
+    dims = np.frombuffer(data, ">u4", count=ndim, offset=4).astype(int)
+    body = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(dims)):
+        raise ValueError(f"{path!r}: header says {tuple(dims)} but holds {body.size} bytes")
+    return body.reshape(dims)
+
+
+def _find_idx(data_dir: str | None, stem: str) -> str | None:
+    for folder in ([data_dir] if data_dir else []) + list(FASHION_MNIST_DIRS):
+        for name in (stem + ".gz", stem):
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
+    """Fashion-MNIST as uint8 (N, 28, 28, 1) and labels, from the tfds copy if prepared,
+    else from the original IDX files (data_dir, then Debian's dataset-fashion-mnist)."""
+    if split not in _IDX_FILES:
+        raise ValueError(f"Fashion-MNIST split must be 'train' or 'test', got {split!r}")
+    try:
+        import tensorflow_datasets as tfds
+
+        builder = tfds.builder("fashion_mnist", data_dir=data_dir)
+        if builder.is_prepared():
+            images, labels = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1,
+                                                              as_supervised=True))
+            return images, labels
+    except Exception:  # noqa: S110  (tfds missing or unreadable: fall back to IDX files)
+        pass
+    paths = [_find_idx(data_dir, stem) for stem in _IDX_FILES[split]]
+    if None in paths:
+        raise FileNotFoundError(
+            "Fashion-MNIST not found: no prepared tfds 'fashion_mnist' and no IDX files "
+            f"({', '.join(_IDX_FILES[split])}[.gz]) in "
+            f"{', '.join(([data_dir] if data_dir else []) + list(FASHION_MNIST_DIRS))}. "
+            "Install Debian's package (sudo apt-get install dataset-fashion-mnist), or download "
+            "the four files from github.com/zalandoresearch/fashion-mnist into a folder and "
+            "pass it as --data-dir.")
+    images, labels = read_idx(paths[0]), read_idx(paths[1])
+    if len(images) != len(labels):
+        raise ValueError(f"{paths[0]} has {len(images)} images but {paths[1]} "
+                         f"{len(labels)} labels")
+    return images[..., None], labels.astype("int64")
+
+
+# ---------------------------------------------------------------- preprocessing
+
+
+def scale(images):
+    """uint8 [0, 255] -> float32 [-1, 1], (x - 127.5) / 127.5 (the official convention)."""
+    return (tf.cast(images, tf.float32) - 127.5) / 127.5
+
+
+def inception_crop(image, area_range=(0.05, 1.0), seed=None):
+    """vit_jax's training crop: a random box covering area_range of the image."""
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        tf.shape(image), tf.zeros([0, 0, 4], tf.float32), area_range=area_range,
+        min_object_covered=0, use_image_if_no_bounding_boxes=True, seed=seed)
+    return tf.slice(image, begin, size)
+
+
+def pad_crop(image, padding: int):
+    """Random translation by up to `padding` pixels (small-image augmentation)."""
+    shape = tf.shape(image)
+    padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
+    return tf.image.random_crop(padded, shape)
+
+
+def _resize(image, size):
+    return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, size)), 0, 255), tf.uint8)
+
+
+def make_pipeline(
+    dataset: tf.data.Dataset,
+    *,
+    image_size,
+    num_classes: int,
+    batch_size: int,
+    training: bool,
+    crop: str = "inception",
+    flip: bool = True,
+    channels: int = 3,
+    augment=(),
+    mixup_alpha: float = 0.0,
+    cutmix_alpha: float = 0.0,
+    shuffle_buffer: int = 10_000,
+    cache: bool = False,
+    drop_remainder: bool | None = None,
+    seed: int | None = None,
+) -> tf.data.Dataset:
+    """(uint8 image, int label) pairs -> batches of ([-1, 1] float images, one-hot labels).
+
+    training=True: shuffle, crop ("inception", "pad4"-style "padN", or "none"), random
+    horizontal flip, then the given Keras preprocessing layers (RandAugment and the like, on
+    uint8-range values) and Mixup / CutMix. training=False: plain resize, as vit_jax evaluates.
+    Grayscale images are repeated to `channels` channels.
+    """
+    size = tuple(image_size) if not isinstance(image_size, int) else (image_size, image_size)
+    if drop_remainder is None:
+        drop_remainder = training  # static shapes for training (TPU), every image for eval
+
+    def prepare(image, label):
+        if image.shape.rank == 2:
+            image = image[..., None]
+        if channels == 3 and image.shape[-1] == 1:
+            image = tf.repeat(image, 3, axis=-1)
+        if training:
+            if crop == "inception":
+                image = inception_crop(image)
+            elif crop.startswith("pad"):
+                image = pad_crop(image, int(crop[3:] or 4))
+            elif crop != "none":
+                raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or "
+                                 "'none'")
+            if flip:
+                image = tf.image.random_flip_left_right(image)
+        return _resize(image, size), tf.one_hot(label, num_classes)
+
+    if cache:
+        dataset = dataset.cache()
+    if training:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.map(prepare, num_parallel_calls=AUTOTUNE)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
+                            num_parallel_calls=AUTOTUNE)
+    layers = list(augment) if training else []
+    if training and mixup_alpha:
+        import keras
+
+        layers.append(keras.layers.MixUp(alpha=mixup_alpha, seed=seed))
+    if training and cutmix_alpha:
+        import keras
+
+        layers.append(keras.layers.CutMix(factor=cutmix_alpha, seed=seed))
+
+    def finish(images, labels):
+        images = tf.cast(images, tf.float32)
+        for layer in layers:
+            out = layer({"images": images, "labels": labels}, training=True)
+            images, labels = out["images"], out.get("labels", labels)
+        return scale(images), labels
+
+    return dataset.map(finish, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

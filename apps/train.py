@@ -15,7 +15,7 @@ import time
 import keras
 
 from apps.common import add_model_arguments, model_from_arguments
-from vit_keras import data, training
+from vit_keras import data, distribute, training
 
 # The main job's model: 7x7 patches of 4x4 pixels, 4 blocks of width 64.
 MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
@@ -37,11 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--recipe", default=None, choices=sorted(training.RECIPES),
                      help="default: fashion_mnist for the main job, else scratch")
     run.add_argument("--epochs", type=int, default=12)
-    run.add_argument("--batch-size", type=int, default=128)
+    run.add_argument("--batch-size", type=int, default=128,
+                     help="global batch, split over the replicas")
     run.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
     run.add_argument("--weights", help="initial weights (.npz, .keras, ...), e.g. to fine-tune")
     run.add_argument("--limit", type=int, default=None, help="use only N training images")
     run.add_argument("--run-dir", default=None, help="default runs/<dataset>")
+    run.add_argument("--distribution", default="auto", choices=distribute.KINDS,
+                     help="auto picks from the devices present (see README, Scaling out)")
+    run.add_argument("--tpu", help="TPU name or grpc:// address for --distribution tpu")
+    run.add_argument("--model-axis", type=int, default=2, help="devices per model replica "
+                                                               "for --distribution model-parallel")
+    run.add_argument("--steps-per-execution", type=int, default=1,
+                     help="train steps per compiled call (TPU: 32 or more)")
+    run.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
     add_model_arguments(parser)
     parser.set_defaults(**{k: v for k, v in MAIN_JOB_MODEL.items()})
     return parser
@@ -80,10 +89,13 @@ def main(argv=None):
         count = min(count, args.limit)
         train = train.take(count)
     num_classes = len(names) or args.num_classes
-    model = model_from_arguments(args, num_classes=num_classes,
-                                 dropout_rate=recipe.dropout_rate,
-                                 stochastic_depth_rate=recipe.stochastic_depth_rate,
-                                 weights=args.weights)
+    keras.config.set_dtype_policy(args.precision)
+    distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
+    with distribution.scope:
+        model = model_from_arguments(args, num_classes=num_classes,
+                                     dropout_rate=recipe.dropout_rate,
+                                     stochastic_depth_rate=recipe.stochastic_depth_rate,
+                                     weights=args.weights)
     augment = ()
     if recipe.randaugment:
         augment = (keras.layers.RandAugment(value_range=(0, 255), num_ops=recipe.randaugment[0],
@@ -97,10 +109,14 @@ def main(argv=None):
                     if evaluation is not None else None)
     steps = max(count // args.batch_size, 1)
     print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
-          f"{recipe_name} for {args.epochs} epochs of {steps} steps; run dir {run_dir}")
+          f"{recipe_name} for {args.epochs} epochs of {steps} steps (global batch "
+          f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "
+          f"{distribution.kind}); run dir {run_dir}")
     history = training.train(model, recipe, train_batches, epochs=args.epochs,
                              steps_per_epoch=steps, run_dir=run_dir,
-                             validation_data=eval_batches, learning_rate=args.learning_rate)
+                             validation_data=eval_batches, learning_rate=args.learning_rate,
+                             distribution=distribution,
+                             steps_per_execution=args.steps_per_execution)
     model_path = os.path.join(run_dir, "model.keras")
     model.save(model_path)
     with open(os.path.join(run_dir, "labels.txt"), "w") as file:

@@ -1,3 +1,4 @@
+import os
 import re
 from pathlib import Path
 
@@ -99,3 +100,54 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
     assert report["top5"] == 1.0  # two classes: the true one is always in the top 5
     with Image.open(tmp_path / "confusion_matrix.png") as png:
         assert png.format == "PNG" and png.size[0] >= 300
+
+
+def test_inspect_writes_valid_pngs(tmp_path):
+    import json
+
+    from PIL import Image
+
+    from apps import inspect
+
+    _, path = saved_tiny_model(tmp_path)
+    images = tmp_path / "images"
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    for name in ("cat", "dog"):
+        (images / name).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
+                images / name / f"{i}.png")
+    out = inspect.main([path, "--folder", str(images), "--images", "3",
+                        "--distance-images", "6", "--out", str(tmp_path / "figs")])
+    sizes = {"rollout.png": (600, 400), "filters.png": (700, 400),
+             "posemb_similarity.png": (400, 400), "attention_distance.png": (500, 400)}
+    for name, size in sizes.items():
+        with Image.open(os.path.join(out, name)) as png:
+            assert png.format == "PNG" and png.size == size, (name, png.size)
+    numbers = json.loads((tmp_path / "figs" / "inspect.json").read_text())
+    assert np.array(numbers["mean_attention_distance"]).shape == (2, 4)
+
+
+def test_bench_smoke_runs_ours_and_timm(tmp_path):
+    import json
+
+    from apps import bench
+
+    report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
+                         "--json", str(tmp_path / "bench.json")])
+    names = {r["implementation"] for r in report["results"]}
+    assert names == {"vit_keras", "timm"}
+    for result in report["results"]:
+        assert result["infer_images_s"] > 0 and result["train_images_s"] > 0
+    assert report["pipeline_images_s"] > 0
+    assert json.loads((tmp_path / "bench.json").read_text())["backend"] == report["backend"]
+
+
+def test_flop_count_matches_timm_figure():
+    from apps import bench
+
+    # facts section 8: B/16 at 224 is 17.58 GMACs, at 384 55.5
+    assert abs(bench.forward_flops(bench.vk.get_config("B/16"), 224) / 2e9 - 17.58) < 0.1
+    assert abs(bench.forward_flops(bench.vk.get_config("B/16"), 384) / 2e9 - 55.5) < 0.3

@@ -1,0 +1,250 @@
+"""Benchmarks our ViT against timm (PyTorch) and keras-hub in the same run: inference
+images/s (batch 32) and latency (batch 1), training images/s (batch 32), model GFLOPs and
+utilisation against the matmul peak measured here, and the main job's input pipeline.
+
+python -m apps.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfloat16]
+                     [--peers timm keras-hub] [--json bench.json] [--smoke]
+
+Run it once per backend (KERAS_BACKEND=...); peers that are not installed are reported as
+unavailable. Medians over --repeats timed calls after --warmup untimed ones.
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+# torch before TensorFlow, or loading torch._dynamo later in the process segfaults.
+try:
+    import torch
+except ImportError:  # timm is an optional peer
+    torch = None
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import vit_keras as vk  # noqa: E402
+from apps.train import MAIN_JOB_MODEL  # noqa: E402
+
+SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
+
+
+def model_spec(name: str, image_size: int) -> tuple[vk.ViTConfig, int]:
+    if name == "main":
+        shape = {k: MAIN_JOB_MODEL[k] for k in
+                 ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")}
+        return vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"]
+    if name == "smoke":
+        return vk.ViTConfig(**SMOKE_MODEL), 32
+    return vk.get_config(name), image_size
+
+
+def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000) -> float:
+    """2 x multiply-accumulates of one forward pass (token classifier)."""
+    patches = (image_size // config.patch_size) ** 2
+    tokens, d, m = patches + 1, config.hidden_size, config.mlp_dim
+    macs = patches * config.patch_size**2 * 3 * d
+    macs += config.num_layers * (4 * tokens * d * d + 2 * tokens * tokens * d + 2 * tokens * d * m)
+    return 2.0 * (macs + d * num_classes)
+
+
+def timed(fn, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure_ours(config, image_size, precision, batch, repeats, warmup):
+    keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+    try:
+        model = vk.vit(config, image_size=image_size, num_classes=1000)
+        x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
+        x = x.astype("float32")
+        y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
+        model.compile(keras.optimizers.Adam(1e-4),
+                      keras.losses.CategoricalCrossentropy(from_logits=True))
+        infer = timed(lambda: model.predict_on_batch(x), repeats, warmup)
+        latency = timed(lambda: model.predict_on_batch(x[:1]), repeats, warmup)
+        train = timed(lambda: model.train_on_batch(x, y), repeats, warmup)
+    finally:
+        keras.config.set_dtype_policy("float32")
+        keras.backend.clear_session()
+    return {"infer_images_s": batch / infer, "latency_ms": latency * 1000,
+            "train_images_s": batch / train}
+
+
+def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled=False):
+    import timm
+
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=image_size, patch_size=config.patch_size, embed_dim=config.hidden_size,
+        depth=config.num_layers, num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.hidden_size, num_classes=1000)
+    x = torch.randn(batch, 3, image_size, image_size)
+    y = torch.arange(batch) % 1000
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bfloat16" \
+        else (lambda: torch.autocast("cpu", enabled=False))
+    step_model = torch.compile(model) if compiled else model
+    optimizer = torch.optim.Adam(model.parameters(), 1e-4)
+
+    def infer(images):
+        with torch.no_grad(), autocast():
+            step_model.eval()(images)
+
+    def train():
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(step_model.train()(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return {"infer_images_s": batch / timed(lambda: infer(x), repeats, warmup),
+            "latency_ms": timed(lambda: infer(x[:1]), repeats, warmup) * 1000,
+            "train_images_s": batch / timed(train, repeats, warmup)}
+
+
+def measure_keras_hub(config, image_size, precision, batch, repeats, warmup):
+    import keras_hub
+
+    keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+    try:
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
+            num_layers=config.num_layers, num_heads=config.num_heads,
+            hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim)
+        inputs = keras.Input((image_size, image_size, 3))
+        pooled = backbone(inputs)[:, 0]
+        model = keras.Model(inputs, keras.layers.Dense(1000, dtype="float32")(pooled))
+        x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
+        x = x.astype("float32")
+        y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
+        model.compile(keras.optimizers.Adam(1e-4),
+                      keras.losses.CategoricalCrossentropy(from_logits=True))
+        result = {"infer_images_s": batch / timed(lambda: model.predict_on_batch(x), repeats,
+                                                  warmup),
+                  "latency_ms": timed(lambda: model.predict_on_batch(x[:1]), repeats,
+                                      warmup) * 1000,
+                  "train_images_s": batch / timed(lambda: model.train_on_batch(x, y), repeats,
+                                                  warmup)}
+    finally:
+        keras.config.set_dtype_policy("float32")
+        keras.backend.clear_session()
+    return result
+
+
+def matmul_peak(framework: str, precision: str, size: int, repeats: int) -> float:
+    """GFLOP/s of a square matmul, the machine's practical peak for that framework."""
+    if framework == "keras":
+        dtype = "bfloat16" if precision == "bfloat16" else "float32"
+        a = keras.ops.ones((size, size), dtype=dtype)
+        fn = keras.ops.matmul
+        sync = keras.ops.convert_to_numpy
+        seconds = timed(lambda: sync(fn(a, a)[0, 0]), repeats, 1)
+    else:
+        dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+        a = torch.ones(size, size, dtype=dtype)
+        seconds = timed(lambda: a @ a, repeats, 1)
+    return 2 * size**3 / seconds / 1e9
+
+
+def pipeline_throughput(batches: int) -> float:
+    """Images/s the main job's training pipeline delivers on its own."""
+    from vit_keras import data, training
+
+    images = np.random.default_rng(0).integers(0, 256, (8192, 28, 28, 1), dtype=np.uint8)
+    recipe = training.RECIPES["fashion_mnist"]
+    dataset = data.make_pipeline(data.from_arrays(images, np.arange(8192) % 10),
+                                 image_size=28, num_classes=10, batch_size=128, training=True,
+                                 crop=recipe.crop, flip=recipe.flip).repeat()
+    iterator = iter(dataset)
+    next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * 128 / (time.perf_counter() - started)
+
+
+def peers_available(names):
+    available = {}
+    for name in names:
+        module = {"timm": "timm", "keras-hub": "keras_hub"}[name]
+        try:
+            __import__(module)
+            available[name] = True
+        except ImportError as err:
+            available[name] = f"unavailable ({err})"
+    return available
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=["Ti/16", "S/16", "B/16", "main"])
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--peers", nargs="*", default=["timm", "keras-hub"])
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="also measure timm under torch.compile (slow to compile)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model, batch 2, one repetition: checks the benchmark runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.variants, args.batch, args.repeats, args.warmup = ["smoke"], 2, 1, 1
+    backend = keras.backend.backend()
+    peers = peers_available(args.peers)
+    if peers.get("timm") is True and torch is None:
+        peers["timm"] = "unavailable (no torch)"
+    size = 256 if args.smoke else 2048
+    report = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
+              "backend": backend, "batch": args.batch, "peers": peers, "matmul_gflops": {},
+              "results": []}
+    for precision in args.precisions:
+        report["matmul_gflops"][f"keras-{backend}-{precision}"] = matmul_peak(
+            "keras", precision, size, args.repeats)
+        if peers.get("timm") is True:
+            report["matmul_gflops"][f"torch-{precision}"] = matmul_peak(
+                "torch", precision, size, args.repeats)
+    report["pipeline_images_s"] = pipeline_throughput(3 if args.smoke else 50)
+    for variant in args.variants:
+        config, image_size = model_spec(variant, args.image_size)
+        flops = forward_flops(config, image_size)
+        for precision in args.precisions:
+            runs = [("vit_keras", measure_ours, {})]
+            if peers.get("timm") is True:
+                runs.append(("timm", measure_timm, {}))
+                if args.torch_compile:
+                    runs.append(("timm-compile", measure_timm, {"compiled": True}))
+            if peers.get("keras-hub") is True:
+                runs.append(("keras-hub", measure_keras_hub, {}))
+            peak = report["matmul_gflops"][f"keras-{backend}-{precision}"]
+            for name, measure, extra in runs:
+                result = measure(config, image_size, precision, args.batch, args.repeats,
+                                 args.warmup, **extra)
+                result.update(implementation=name, variant=variant, image_size=image_size,
+                              precision=precision, gflops_per_image=flops / 1e9,
+                              infer_gflops_s=result["infer_images_s"] * flops / 1e9)
+                result["infer_utilisation"] = result["infer_gflops_s"] / peak
+                report["results"].append(result)
+                print(f"{variant:>6} {image_size:>3}px {precision:>8} {name:>12}: "
+                      f"infer {result['infer_images_s']:8.1f} img/s, latency "
+                      f"{result['latency_ms']:7.1f} ms, train {result['train_images_s']:7.1f} "
+                      f"img/s, {result['infer_utilisation']:.0%} of {backend} matmul peak",
+                      flush=True)
+    print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(report, file, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

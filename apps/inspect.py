@@ -1,0 +1,119 @@
+"""Draws the paper's inspection figures for a model: attention rollout next to its images
+(Figure 6), patch-embedding filters, position-embedding similarity and mean attention distance
+against depth (Figure 7), and writes the numbers as JSON.
+
+python -m apps.inspect runs/fashion_mnist/model.keras [--out docs/inspect] [--images 6]
+"""
+
+import argparse
+import json
+import os
+
+import keras
+import matplotlib
+import numpy as np
+
+from vit_keras import analysis, data
+from vit_keras.preprocessing import preprocess
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def save(figure, path):
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def rollout_figure(images, maps, path):
+    figure, axes = plt.subplots(2, len(images), figsize=(2 * len(images), 4), squeeze=False)
+    for i, (image, heat) in enumerate(zip(images, maps, strict=True)):
+        axes[0, i].imshow(image.squeeze(), cmap="gray" if image.shape[-1] == 1 else None)
+        axes[1, i].imshow(image.mean(axis=-1), cmap="gray")
+        axes[1, i].imshow(heat, cmap="inferno", alpha=0.6, interpolation="bilinear",
+                          extent=(0, image.shape[1], image.shape[0], 0))
+        for row in (0, 1):
+            axes[row, i].axis("off")
+    axes[0, 0].set_title("input", loc="left")
+    axes[1, 0].set_title("attention rollout", loc="left")
+    save(figure, path)
+
+
+def filters_figure(filters, path):
+    columns = 7
+    rows = int(np.ceil(len(filters) / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(columns, rows), squeeze=False)
+    for axis in axes.ravel():
+        axis.axis("off")
+    for axis, image in zip(axes.ravel(), filters, strict=False):
+        axis.imshow(image.squeeze(), cmap="gray" if image.shape[-1] == 1 else None)
+    figure.suptitle("principal components of the patch-embedding filters")
+    save(figure, path)
+
+
+def similarity_figure(similarity, path):
+    rows, cols = similarity.shape[:2]
+    figure, axes = plt.subplots(rows, cols, figsize=(cols, rows), squeeze=False)
+    for r in range(rows):
+        for c in range(cols):
+            axes[r, c].imshow(similarity[r, c], vmin=-1, vmax=1, cmap="viridis")
+            axes[r, c].axis("off")
+    figure.suptitle("position-embedding cosine similarity")
+    save(figure, path)
+
+
+def distance_figure(distances, path):
+    figure, axis = plt.subplots(figsize=(5, 4))
+    for head in range(distances.shape[1]):
+        axis.scatter(np.arange(len(distances)), distances[:, head], s=12)
+    axis.set_xlabel("network depth (layer)")
+    axis.set_ylabel("mean attention distance (pixels)")
+    save(figure, path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a .keras file")
+    parser.add_argument("--out", help="output folder (default: inspect/ beside the model)")
+    parser.add_argument("--images", type=int, default=6, help="how many images to draw")
+    parser.add_argument("--distance-images", type=int, default=64)
+    parser.add_argument("--dataset", default="fashion_mnist")
+    parser.add_argument("--folder", help="images from DIR/<class>/<images> instead")
+    parser.add_argument("--data-dir")
+    args = parser.parse_args(argv)
+    model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.model)), "inspect")
+    os.makedirs(out, exist_ok=True)
+    if args.folder:
+        dataset, _ = data.from_folder(args.folder)
+    elif args.dataset == "fashion_mnist":
+        dataset = data.from_arrays(*data.load_fashion_mnist("test", args.data_dir))
+    else:
+        dataset, _ = data.from_tfds(args.dataset, "test", args.data_dir)
+    count = max(args.images, args.distance_images)
+    pixels = data.sample_images(dataset, tuple(model.input.shape[1:3]), model.input.shape[-1],
+                                count)
+    inputs = preprocess(pixels)
+    maps = analysis.attention_rollout(model, inputs[:args.images])
+    distances = analysis.mean_attention_distance(model, inputs[:args.distance_images])
+    filters = analysis.patch_filters(model)
+    rollout_figure(pixels[:args.images], maps, os.path.join(out, "rollout.png"))
+    filters_figure(filters, os.path.join(out, "filters.png"))
+    distance_figure(distances, os.path.join(out, "attention_distance.png"))
+    numbers = {"mean_attention_distance": distances.round(3).tolist()}
+    try:
+        similarity = analysis.position_embedding_similarity(model)
+        similarity_figure(similarity, os.path.join(out, "posemb_similarity.png"))
+        numbers["posemb_similarity_grid"] = list(similarity.shape[:2])
+    except ValueError as err:  # posemb="none": nothing to draw
+        numbers["posemb_similarity"] = str(err)
+    with open(os.path.join(out, "inspect.json"), "w") as file:
+        json.dump(numbers, file, indent=1)
+    print(f"wrote rollout.png, filters.png, posemb_similarity.png, attention_distance.png and "
+          f"inspect.json to {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

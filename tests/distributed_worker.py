@@ -1,0 +1,85 @@
+"""Run in a child process by test_distribute.py: python -m tests.distributed_worker MODE OUT.
+
+Each mode trains the same tiny model on the same data with and without a distribution and
+writes the final weights to OUT (.npz); devices must be configured before the framework starts,
+hence a process of its own.
+"""
+
+import os
+import sys
+
+MODE, OUT = sys.argv[1], sys.argv[2]
+if MODE.startswith("jax"):
+    os.environ["KERAS_BACKEND"] = "jax"
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+else:
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+
+import keras  # noqa: E402
+
+keras.config.disable_traceback_filtering()
+import numpy as np  # noqa: E402
+
+import vit_keras as vk  # noqa: E402
+from vit_keras import distribute, training  # noqa: E402
+
+TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
+RECIPE = training.Recipe("sgd", 0.1, "linear", 0, momentum=0.0, clipnorm=None)
+
+
+def problem():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (32, 32, 32, 3)).astype("float32")
+    y = np.eye(3, dtype="float32")[rng.integers(0, 3, 32)]
+    return x, y
+
+
+def train(distribution, workaround=True):
+    keras.utils.set_random_seed(0)
+    x, y = problem()
+    with distribution.scope:
+        model = vk.vit(TINY, image_size=32, num_classes=3)
+        model.set_weights([np.random.default_rng(i).normal(0, 0.1, w.shape).astype("float32")
+                           for i, w in enumerate(model.get_weights())])
+        training.compile_model(model, RECIPE, total_steps=10**9, jit_compile=False)
+    if workaround:
+        distribute.prepare_model(model, distribution)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # 4 steps, global batch 8
+    return model
+
+
+def save(models):
+    arrays = {f"{name}_{i}": w for name, model in models.items()
+              for i, w in enumerate(model.get_weights())}
+    np.savez(OUT, **arrays)
+
+
+if MODE == "mirrored":
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    mirrored = distribute.Distribution("mirrored", 2, strategy.scope(), strategy)
+    save({"single": train(distribute.choose("none")), "distributed": train(mirrored)})
+elif MODE == "jax-data-parallel":
+    dp = distribute.choose("data-parallel")
+    assert dp.num_replicas == 4, dp
+    distributed = train(dp)
+    keras.distribution.set_distribution(None)
+    save({"single": train(distribute.choose("none")), "distributed": distributed})
+elif MODE == "jax-model-parallel":
+    mp = distribute.choose("model-parallel", model_axis=2)
+    model = train(mp)
+    specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
+    query = specs["Transformer_encoderblock_0/MultiHeadDotProductAttention_1/query_kernel"]
+    dense = specs["Transformer_encoderblock_0/MlpBlock_3/Dense_0/kernel"]
+    norm = specs["Transformer_encoderblock_0/LayerNorm_0/gamma"]
+    with open(OUT, "w") as file:
+        file.write(repr({"query": query, "dense_0": dense, "norm": norm,
+                         "replicas": mp.num_replicas}))
+elif MODE in ("multiworker", "multiworker-without-workaround"):  # TF_CONFIG from the parent
+    model = train(distribute.choose("multiworker"), workaround=MODE == "multiworker")
+    save({"worker": model})
+else:
+    raise SystemExit(f"unknown mode {MODE}")

@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+
+import vit_keras as vk
+from tests import numpy_vit
+from tests.conftest import TINY, checkpoint_params, images, randomize
+from vit_keras import analysis
+
+
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+def test_rollout_equals_numpy_on_recorded_attention(classifier):
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3, classifier=classifier))
+    x = images()
+    recorded = analysis.attention_maps(model, x)
+    params = checkpoint_params(model)
+    posemb = params["Transformer/posembed_input/pos_embedding"][0]
+    _, expected_maps = numpy_vit.forward(params, x, patch=8, heads=4, layers=2,
+                                         classifier=classifier, posemb=posemb,
+                                         return_attention=True)
+    for got, want in zip(recorded, expected_maps, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    prefix = 1 if classifier == "token" else 0
+    for b in range(len(x)):
+        joint = np.eye(recorded[0].shape[-1])
+        for probs in recorded:
+            a = probs[b].mean(axis=0) + np.eye(probs.shape[-1])
+            a = a / a.sum(axis=1, keepdims=True)
+            joint = a @ joint
+        row = joint[0] if prefix else joint.mean(axis=0)
+        np.testing.assert_allclose(analysis.attention_rollout(model, x)[b],
+                                   row[prefix:].reshape(4, 4), atol=1e-6)
+
+
+def test_attention_distance_of_identity_and_uniform_attention():
+    grid, patch = (2, 3), 16
+    tokens = 1 + 6
+    identity = np.broadcast_to(np.eye(tokens), (2, 3, tokens, tokens))
+    np.testing.assert_allclose(analysis.attention_distance(identity, grid, patch, 1), 0.0)
+    uniform = np.full((2, 3, tokens, tokens), 1.0 / tokens)
+    centres = [(r * patch, c * patch) for r in range(2) for c in range(3)]
+    pairwise = [np.hypot(a[0] - b[0], a[1] - b[1]) for a in centres for b in centres]
+    np.testing.assert_allclose(analysis.attention_distance(uniform, grid, patch, 1),
+                               np.mean(pairwise))
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3))
+    assert analysis.mean_attention_distance(model, images()).shape == (2, 4)
+
+
+def test_few_shot_is_exact_on_separable_features_and_respects_shots():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 5, (4, 16))
+    labels = np.repeat(np.arange(4), 40)
+    features = centres[labels] + rng.normal(0, 0.1, (160, 16))
+    result = analysis.few_shot(features, labels, features, labels, shots=(1, 5), seeds=2)
+    assert result == {1: 1.0, 5: 1.0}
+    with pytest.raises(ValueError):
+        analysis.few_shot(features, labels, features, labels, shots=(41,))  # only 40 a class
+
+
+def test_few_shot_draws_shots_per_class_for_each_seed(monkeypatch):
+    seen = []
+    monkeypatch.setattr(analysis, "linear_probe_accuracy",
+                        lambda tx, ty, *rest: seen.append(tuple(np.bincount(ty))) or 0.5)
+    labels = np.repeat(np.arange(3), 10)
+    features = np.random.default_rng(1).normal(size=(30, 4))
+    assert analysis.few_shot(features, labels, features, labels, shots=(2, 5), seeds=3) == {
+        2: 0.5, 5: 0.5}
+    assert seen == [(2, 2, 2)] * 3 + [(5, 5, 5)] * 3
+
+
+def test_ridge_solver_equals_numpy_least_squares():
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(30, 6)), rng.normal(size=(30, 3))
+    l2 = 4.0
+    stacked_x = np.vstack([x, np.sqrt(l2) * np.eye(6)])
+    stacked_y = np.vstack([y, np.zeros((6, 3))])
+    expected = np.linalg.lstsq(stacked_x, stacked_y, rcond=None)[0]
+    np.testing.assert_allclose(analysis.ridge_solve(x, y, l2), expected, atol=1e-10)
+
+
+def test_sincos_position_similarity_peaks_at_itself_and_falls_with_distance():
+    model = vk.vit({**TINY, "hidden_size": 64, "num_heads": 4}, image_size=64, posemb="sincos2d")
+    similarity = analysis.position_embedding_similarity(model)  # (8, 8, 8, 8)
+    for r in range(8):
+        for c in range(8):
+            grid = similarity[r, c]
+            assert grid[r, c] == pytest.approx(1.0)
+            assert grid.argmax() == r * 8 + c
+    row = similarity[0, 0, 0]  # along the first row, moving away from (0, 0)
+    assert np.all(np.diff(row[:5]) < 0)
+
+
+def test_patch_filters_are_principal_components():
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3))
+    filters = analysis.patch_filters(model, n=6)
+    assert filters.shape == (6, 8, 8, 3)
+    assert filters.min() == 0.0 and filters.max() == 1.0

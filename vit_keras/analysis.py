@@ -1,0 +1,168 @@
+"""The paper's tools for looking inside a ViT (Figures 6 and 7, Section 4.5, Appendix D):
+attention rollout, mean attention distance, position-embedding similarity, patch-embedding
+filters, and the few-shot linear probe of its representation.
+
+The model's own layers are called in order, so the attention comes from the trained weights
+without a second model.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from vit_keras.layers import AddPositionEmbedding, ClassToken, PatchEmbedding, TransformerBlock
+
+
+def _layer(model, kind):
+    found = [layer for layer in model.layers if isinstance(layer, kind)]
+    if not found:
+        raise ValueError(f"model {model.name} has no {kind.__name__} layer")
+    return found[0]
+
+
+def _layout(model) -> tuple[tuple[int, int], int, int]:
+    """(patch grid, number of prefix tokens, patch size)."""
+    embedding = _layer(model, PatchEmbedding)
+    prefix = 1 if any(isinstance(layer, ClassToken) for layer in model.layers) else 0
+    return embedding.grid_size(tuple(model.input.shape[1:3])), prefix, embedding.patch_size
+
+
+def attention_maps(model: keras.Model, images) -> list[np.ndarray]:
+    """Attention probabilities of every block, each (batch, heads, tokens, tokens)."""
+    x, maps = images, []
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        if isinstance(layer, TransformerBlock):
+            x, probs = layer(x, training=False, return_attention_scores=True)
+            maps.append(keras.ops.convert_to_numpy(probs))
+        elif maps:
+            break  # past the encoder: the norm and the head need no attention
+        else:
+            x = layer(x, training=False)
+    return maps
+
+
+def rollout(maps: list[np.ndarray], num_prefix_tokens: int, grid) -> np.ndarray:
+    """Abnar & Zuidema's attention rollout: per layer, heads averaged, the identity added
+    for the residual path and rows renormalised; the layers multiplied in order. The map
+    is the class token's row over the patches (the mean of all rows for a gap model)."""
+    joint = None
+    for probs in maps:
+        attention = probs.mean(axis=1)
+        attention = attention + np.eye(attention.shape[-1])
+        attention = attention / attention.sum(axis=-1, keepdims=True)
+        joint = attention if joint is None else attention @ joint
+    rows = joint[:, 0] if num_prefix_tokens else joint.mean(axis=1)
+    return rows[:, num_prefix_tokens:].reshape(-1, *grid)
+
+
+def attention_rollout(model: keras.Model, images) -> np.ndarray:
+    """(batch, grid_h, grid_w) rollout maps of the model's attention over the patches."""
+    grid, prefix, _ = _layout(model)
+    return rollout(attention_maps(model, images), prefix, grid)
+
+
+def patch_distances(grid, patch_size: int) -> np.ndarray:
+    """Pixel distance between the centres of every pair of patches, (N, N)."""
+    rows, cols = np.meshgrid(np.arange(grid[0]), np.arange(grid[1]), indexing="ij")
+    centres = np.stack([rows.ravel(), cols.ravel()], axis=1) * patch_size
+    return np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+
+
+def attention_distance(probs: np.ndarray, grid, patch_size: int,
+                       num_prefix_tokens: int = 0) -> np.ndarray:
+    """Mean attention distance per head, in pixels: sum_j a_ij d(i, j) over the patches
+    (prefix tokens left out, rows renormalised over the patches), averaged over queries
+    and images. probs: (batch, heads, tokens, tokens) -> (heads,)."""
+    patches = probs[:, :, num_prefix_tokens:, num_prefix_tokens:]
+    patches = patches / patches.sum(axis=-1, keepdims=True)
+    per_query = (patches * patch_distances(grid, patch_size)).sum(axis=-1)
+    return per_query.mean(axis=(0, 2))
+
+
+def mean_attention_distance(model: keras.Model, images) -> np.ndarray:
+    """(layers, heads) mean attention distance in pixels (the paper's Figure 7, right)."""
+    grid, prefix, patch = _layout(model)
+    return np.stack([attention_distance(p, grid, patch, prefix)
+                     for p in attention_maps(model, images)])
+
+
+def position_embedding_similarity(model: keras.Model) -> np.ndarray:
+    """Cosine similarity of each patch position's embedding with every other's, as
+    (grid_h, grid_w, grid_h, grid_w) (the paper's Figure 7, centre)."""
+    layer = _layer(model, AddPositionEmbedding)
+    table = layer.embedding()
+    if table is None:
+        raise ValueError("the model has no position embedding (posemb='none')")
+    table = keras.ops.convert_to_numpy(table)[0, layer.num_prefix_tokens:]
+    unit = table / np.linalg.norm(table, axis=-1, keepdims=True)
+    return (unit @ unit.T).reshape(*layer.grid_size, *layer.grid_size)
+
+
+def patch_filters(model: keras.Model, n: int = 28) -> np.ndarray:
+    """The top-n principal components of the patch-embedding filters E, each a
+    (patch, patch, channels) image scaled to [0, 1] (the paper's Figure 7, left)."""
+    kernel = keras.ops.convert_to_numpy(_layer(model, PatchEmbedding).kernel)
+    patch, _, channels, width = kernel.shape
+    filters = kernel.reshape(-1, width).T  # one row per embedding dimension
+    filters = filters - filters.mean(axis=0)
+    _, _, components = np.linalg.svd(filters, full_matrices=False)
+    components = components[:n].reshape(-1, patch, patch, channels)
+    low = components.min(axis=(1, 2, 3), keepdims=True)
+    high = components.max(axis=(1, 2, 3), keepdims=True)
+    return (components - low) / np.maximum(high - low, 1e-12)
+
+
+# ------------------------------------------------------------------ few-shot probe
+
+
+def representation(model: keras.Model) -> keras.Model:
+    """The frozen representation the paper probes: pre_logits if present, else the pooled
+    token."""
+    names = [layer.name for layer in model.layers]
+    name = "pre_logits" if "pre_logits" in names else "pool"
+    return keras.Model(model.input, model.get_layer(name).output)
+
+
+def ridge_solve(features: np.ndarray, targets: np.ndarray, l2: float) -> np.ndarray:
+    """argmin_W |X W - Y|^2 + l2 |W|^2 in closed form."""
+    gram = features.T @ features + l2 * np.eye(features.shape[1])
+    return np.linalg.solve(gram, features.T @ targets)
+
+
+def linear_probe_accuracy(train_x, train_y, test_x, test_y, num_classes: int,
+                          l2: float) -> float:
+    """big_vision's fewshot_lsr: features standardised on the training shots, a constant
+    bias feature appended, targets 2 * onehot - 1, regularised least squares."""
+    mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-5
+
+    def prepare(x):
+        x = (x - mean) / std
+        return np.concatenate([x, np.ones((len(x), 1))], axis=1)
+
+    targets = 2.0 * np.eye(num_classes)[train_y] - 1.0
+    weights = ridge_solve(prepare(train_x), targets, l2)
+    return float(((prepare(test_x) @ weights).argmax(-1) == test_y).mean())
+
+
+def few_shot(features_train: np.ndarray, labels_train: np.ndarray, features_test: np.ndarray,
+             labels_test: np.ndarray, shots=(1, 5, 10, 25), l2: float = 2.0**10,
+             seeds: int = 3) -> dict[int, float]:
+    """Mean test accuracy over `seeds` random draws of `shots` training examples per class.
+    Features are the frozen representation (see representation())."""
+    classes = np.unique(labels_train)
+    num_classes = int(max(labels_train.max(), labels_test.max())) + 1
+    results = {}
+    for shot in shots:
+        scores = []
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            chosen = np.concatenate([
+                rng.choice(np.flatnonzero(labels_train == c), shot, replace=False)
+                for c in classes])
+            scores.append(linear_probe_accuracy(features_train[chosen], labels_train[chosen],
+                                                features_test, labels_test, num_classes, l2))
+        results[shot] = float(np.mean(scores))
+    return results

@@ -1,0 +1,164 @@
+"""Picks the distribution for the backend and hardware, using what TensorFlow and Keras
+provide (no distribution layer of our own).
+
+TensorFlow: TPUStrategy, MirroredStrategy, MultiWorkerMirroredStrategy (enter `.scope` around
+building and compiling the model). JAX: keras.distribution DataParallel over every device
+(multi-host after jax.distributed.initialize) or ModelParallel, which shards the attention
+heads and the MLP's hidden units over a "model" axis. PyTorch: one process only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+import keras
+
+KINDS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel", "model-parallel")
+
+
+@dataclasses.dataclass
+class Distribution:
+    kind: str
+    num_replicas: int  # the global batch is split over these
+    scope: contextlib.AbstractContextManager
+    strategy: object = None  # the tf.distribute strategy, or the keras.distribution object
+
+    def global_batch(self, per_replica_batch: int) -> int:
+        return per_replica_batch * self.num_replicas
+
+
+def vit_layout_map(mesh) -> keras.distribution.LayoutMap:
+    """Megatron-style sharding of a ViT over the mesh's "model" axis: attention heads and
+    the MLP's hidden units are split; everything else is replicated."""
+    layout = keras.distribution.LayoutMap(mesh)
+    layout[r".*MultiHeadDotProductAttention_1/(query|key|value)_kernel"] = (None, "model", None)
+    layout[r".*MultiHeadDotProductAttention_1/(query|key|value)_bias"] = ("model", None)
+    layout[r".*MultiHeadDotProductAttention_1/out_kernel"] = ("model", None, None)
+    layout[r".*MlpBlock_3/Dense_0/kernel"] = (None, "model")
+    layout[r".*MlpBlock_3/Dense_0/bias"] = ("model",)
+    layout[r".*MlpBlock_3/Dense_1/kernel"] = ("model", None)
+    return layout
+
+
+def _auto(backend: str, tpu: str | None) -> str:
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        if tpu or os.environ.get("TPU_NAME"):
+            return "tpu"
+        if os.environ.get("TF_CONFIG"):
+            return "multiworker"
+        return "mirrored" if len(tf.config.list_logical_devices("GPU")) > 1 else "none"
+    if backend == "jax":
+        import jax
+
+        return "data-parallel" if jax.device_count() > 1 else "none"
+    return "none"
+
+
+def _tensorflow(kind: str, tpu: str | None) -> Distribution:
+    import tensorflow as tf
+
+    if kind == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    elif kind == "mirrored":
+        strategy = tf.distribute.MirroredStrategy()
+    elif kind == "multiworker":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        raise ValueError(f"distribution {kind!r} is not for TensorFlow: expected tpu, "
+                         "mirrored, multiworker or none")
+    return Distribution(kind, strategy.num_replicas_in_sync, strategy.scope(), strategy)
+
+
+def _jax(kind: str, model_axis: int) -> Distribution:
+    import jax
+
+    if os.environ.get("JAX_COORDINATOR_ADDRESS") and not jax.distributed.is_initialized():
+        jax.distributed.initialize()  # multi-host: reads the coordinator, count and id
+    devices = keras.distribution.list_devices()
+    if kind == "data-parallel":
+        distribution = keras.distribution.DataParallel(devices=devices)
+        replicas = len(devices)
+    elif kind == "model-parallel":
+        if len(devices) % model_axis:
+            raise ValueError(f"model-parallel: {len(devices)} devices do not split into a "
+                             f"model axis of {model_axis}")
+        mesh = keras.distribution.DeviceMesh((len(devices) // model_axis, model_axis),
+                                             ["data", "model"], devices)
+        distribution = keras.distribution.ModelParallel(layout_map=vit_layout_map(mesh),
+                                                        batch_dim_name="data")
+        replicas = len(devices) // model_axis
+    else:
+        raise ValueError(f"distribution {kind!r} is not for JAX: expected data-parallel, "
+                         "model-parallel or none")
+    keras.distribution.set_distribution(distribution)
+    return Distribution(kind, replicas, contextlib.nullcontext(), distribution)
+
+
+def choose(kind: str = "auto", tpu: str | None = None, model_axis: int = 2) -> Distribution:
+    """The distribution for `kind` on the current backend ("auto": what the hardware has)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown distribution {kind!r}: expected one of {', '.join(KINDS)}")
+    backend = keras.backend.backend()
+    if kind == "auto":
+        kind = _auto(backend, tpu)
+    if kind == "none":
+        return Distribution("none", 1, contextlib.nullcontext())
+    if backend == "tensorflow":
+        return _tensorflow(kind, tpu)
+    if backend == "jax":
+        return _jax(kind, model_axis)
+    raise ValueError(f"distribution {kind!r} is not supported on the {backend} backend: "
+                     "vit_keras trains on one PyTorch process (use the TensorFlow or JAX "
+                     "backend to scale out)")
+
+
+def prepare_model(model: keras.Model, distribution: Distribution) -> keras.Model:
+    """Applies the workarounds a distribution needs; call it after compile, before fit.
+
+    MultiWorkerMirroredStrategy, two failures of Keras 3.15's TensorFlow trainer:
+    1. it builds the model from its first batch by `strategy.reduce("MEAN", batch)`, which
+       this strategy cannot do for eager per-replica inputs ("Attempt to convert a value
+       (PerReplica...)"); the build needs only shapes and dtypes, so it gets this worker's
+       first local replica's batch instead;
+    2. it averages the step's logs over replicas with `reduce("MEAN", axis=0)`, which fails
+       on 0-d values ("Invalid reduction dimension 0"); the logs leave each replica as
+       1-element vectors, and that same reduce averages them to the scalars Keras expects.
+    Gradients are all-reduced by the strategy as before: training itself is unchanged.
+    """
+    if distribution.kind != "multiworker":
+        return model
+    import tensorflow as tf
+    from keras import tree
+
+    strategy = distribution.strategy
+
+    def local_batch(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    def maybe_symbolic_build(iterator=None, data_batch=None):
+        if iterator is not None:
+            for _, _, batches in iterator:
+                data_batch = tree.map_structure(local_batch, next(batches))
+                break
+        with strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    def vector_logs(step):
+        def wrapped(data):
+            return tree.map_structure(
+                lambda v: tf.reshape(v, [1]) if v.shape.rank == 0 else v, step(data))
+        return wrapped
+
+    model._maybe_symbolic_build = maybe_symbolic_build
+    model.train_step = vector_logs(model.train_step)
+    model.test_step = vector_logs(model.test_step)
+    return model

@@ -15,11 +15,12 @@ import platform
 import statistics
 import time
 
-# torch before TensorFlow, or loading torch._dynamo later in the process segfaults.
+# torch and timm (which loads torch._dynamo) before TensorFlow, or the process segfaults.
 try:
+    import timm
     import torch
 except ImportError:  # timm is an optional peer
-    torch = None
+    timm = torch = None
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -60,10 +61,11 @@ def timed(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def measure_ours(config, image_size, precision, batch, repeats, warmup):
+def measure_keras(build, image_size, precision, batch, repeats, warmup):
+    """Rates of a Keras classifier made by build() under the precision's dtype policy."""
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
-        model = vk.vit(config, image_size=image_size, num_classes=1000)
+        model = build()
         x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
         x = x.astype("float32")
         y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
@@ -79,9 +81,12 @@ def measure_ours(config, image_size, precision, batch, repeats, warmup):
             "train_images_s": batch / train}
 
 
-def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled=False):
-    import timm
+def measure_ours(config, image_size, *rest):
+    return measure_keras(lambda: vk.vit(config, image_size=image_size, num_classes=1000),
+                         image_size, *rest)
 
+
+def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled=False):
     model = timm.models.vision_transformer.VisionTransformer(
         img_size=image_size, patch_size=config.patch_size, embed_dim=config.hidden_size,
         depth=config.num_layers, num_heads=config.num_heads,
@@ -109,33 +114,19 @@ def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled
             "train_images_s": batch / timed(train, repeats, warmup)}
 
 
-def measure_keras_hub(config, image_size, precision, batch, repeats, warmup):
+def measure_keras_hub(config, image_size, *rest):
     import keras_hub
 
-    keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
-    try:
+    def build():
         backbone = keras_hub.models.ViTBackbone(
             image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
             num_layers=config.num_layers, num_heads=config.num_heads,
             hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim)
         inputs = keras.Input((image_size, image_size, 3))
         pooled = backbone(inputs)[:, 0]
-        model = keras.Model(inputs, keras.layers.Dense(1000, dtype="float32")(pooled))
-        x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
-        x = x.astype("float32")
-        y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
-        model.compile(keras.optimizers.Adam(1e-4),
-                      keras.losses.CategoricalCrossentropy(from_logits=True))
-        result = {"infer_images_s": batch / timed(lambda: model.predict_on_batch(x), repeats,
-                                                  warmup),
-                  "latency_ms": timed(lambda: model.predict_on_batch(x[:1]), repeats,
-                                      warmup) * 1000,
-                  "train_images_s": batch / timed(lambda: model.train_on_batch(x, y), repeats,
-                                                  warmup)}
-    finally:
-        keras.config.set_dtype_policy("float32")
-        keras.backend.clear_session()
-    return result
+        return keras.Model(inputs, keras.layers.Dense(1000, dtype="float32")(pooled))
+
+    return measure_keras(build, image_size, *rest)
 
 
 def matmul_peak(framework: str, precision: str, size: int, repeats: int) -> float:
@@ -145,7 +136,7 @@ def matmul_peak(framework: str, precision: str, size: int, repeats: int) -> floa
         a = keras.ops.ones((size, size), dtype=dtype)
         fn = keras.ops.matmul
         sync = keras.ops.convert_to_numpy
-        seconds = timed(lambda: sync(fn(a, a)[0, 0]), repeats, 1)
+        seconds = timed(lambda: sync(keras.ops.cast(fn(a, a)[0, 0], "float32")), repeats, 1)
     else:
         dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
         a = torch.ones(size, size, dtype=dtype)
@@ -182,6 +173,25 @@ def peers_available(names):
     return available
 
 
+def markdown(reports: list[dict]) -> str:
+    """README's performance table from one or more --json reports."""
+    rows = ["| backend | variant | px | precision | implementation | infer img/s (b32) | "
+            "latency ms (b1) | train img/s (b32) | GFLOP/img | % of matmul peak |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for report in reports:
+        for r in report["results"]:
+            rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
+                        f"{r['precision']} | {r['implementation']} | "
+                        f"{r['infer_images_s']:.1f} | {r['latency_ms']:.1f} | "
+                        f"{r['train_images_s']:.1f} | {r['gflops_per_image']:.2f} | "
+                        f"{r['infer_utilisation']:.0%} |")
+    peaks = "; ".join(f"{k} {v:.0f}" for report in reports
+                      for k, v in report["matmul_gflops"].items())
+    pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
+    return "\n".join(rows) + (f"\n\nMatmul peak measured in the same runs (GFLOP/s): {peaks}. "
+                              f"Main job input pipeline alone (images/s): {pipeline}.")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["Ti/16", "S/16", "B/16", "main"])
@@ -196,13 +206,22 @@ def main(argv=None):
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model, batch 2, one repetition: checks the benchmark runs")
+    parser.add_argument("--markdown", nargs="+", metavar="JSON",
+                        help="print README's table from saved reports instead of measuring")
     args = parser.parse_args(argv)
+    if args.markdown:
+        reports = []
+        for path in args.markdown:
+            with open(path) as file:
+                reports.append(json.load(file))
+        print(markdown(reports))
+        return reports
     if args.smoke:
         args.variants, args.batch, args.repeats, args.warmup = ["smoke"], 2, 1, 1
     backend = keras.backend.backend()
     peers = peers_available(args.peers)
-    if peers.get("timm") is True and torch is None:
-        peers["timm"] = "unavailable (no torch)"
+    if peers.get("timm") is True and timm is None:
+        peers["timm"] = "unavailable (timm or torch not importable)"
     size = 256 if args.smoke else 2048
     report = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
               "backend": backend, "batch": args.batch, "peers": peers, "matmul_gflops": {},

@@ -10,8 +10,8 @@ import vit_keras as vk
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, variant: str = "B/16",
-                        image_size: int = 224, num_classes: int = 1000) -> None:
+def add_model_arguments(parser: argparse.ArgumentParser, variant: str | None = "B/16",
+                        image_size: int | None = 224, num_classes: int = 1000) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--variant", default=variant, help=f"e.g. Ti/16, B/16 (default {variant})")
     for flag in SHAPE_FLAGS:
@@ -19,9 +19,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, variant: str = "B/16",
                            help="override the variant's value (custom shapes)")
     group.add_argument("--image-size", type=int, default=image_size)
     group.add_argument("--num-classes", type=int, default=num_classes)
-    group.add_argument("--classifier", default="token", choices=["token", "gap"])
-    group.add_argument("--posemb", default="learned",
-                       choices=["learned", "sincos2d", "learned2d", "none"])
+    group.add_argument("--classifier", default=None, choices=["token", "gap"],
+                       help="default token")
+    group.add_argument("--posemb", default=None,
+                       choices=["learned", "sincos2d", "learned2d", "none"], help="default learned")
     group.add_argument("--representation-size", type=int, default=None)
     group.add_argument("--exact-gelu", action="store_true",
                        help="erf GELU (timm / Hugging Face weights) instead of the tanh one")
@@ -34,7 +35,7 @@ def model_config(args) -> vk.ViTConfig:
 
 def model_from_arguments(args, **overrides) -> keras.Model:
     kwargs = dict(image_size=args.image_size, num_classes=args.num_classes,
-                  classifier=args.classifier, posemb=args.posemb,
+                  classifier=args.classifier or "token", posemb=args.posemb or "learned",
                   representation_size=args.representation_size,
                   approximate_gelu=not args.exact_gelu)
     return vk.vit(model_config(args), **{**kwargs, **overrides})

@@ -67,6 +67,7 @@ def distance_figure(distances, path):
     figure, axis = plt.subplots(figsize=(5, 4))
     for head in range(distances.shape[1]):
         axis.scatter(np.arange(len(distances)), distances[:, head], s=12)
+    axis.set_xticks(range(len(distances)))
     axis.set_xlabel("network depth (layer)")
     axis.set_ylabel("mean attention distance (pixels)")
     save(figure, path)

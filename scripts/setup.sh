@@ -7,4 +7,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[jax,torch,test]"
+.venv/bin/python -m pip install --quiet -e ".[jax,torch,export,test]"

@@ -55,14 +55,17 @@ def test_numpy_source_and_preprocessing_range_and_shape():
     fit_one_epoch(train, num_classes=3)
 
 
-def test_mixup_gives_soft_labels_that_sum_to_one():
+@pytest.mark.parametrize("mix", [{"mixup_alpha": 0.8}, {"cutmix_alpha": 1.0},
+                                 {"augment": (keras.layers.RandAugment(value_range=(0, 255)),)}])
+def test_mixing_and_augmentation_layers_keep_labels_distributions(mix):
     images = np.random.default_rng(1).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
     batches = data.make_pipeline(data.from_arrays(images, np.arange(16) % 4), image_size=32,
-                                 num_classes=4, batch_size=16, training=True, mixup_alpha=0.8,
-                                 seed=0)
-    _, labels = next(iter(batches))
+                                 num_classes=4, batch_size=16, training=True, seed=0, **mix)
+    x, labels = next(iter(batches))
     np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0, atol=1e-5)
-    assert not np.all(np.isin(labels.numpy(), [0.0, 1.0]))
+    assert -1.0 <= float(tf.reduce_min(x)) and float(tf.reduce_max(x)) <= 1.0
+    mixed = not np.all(np.isin(labels.numpy(), [0.0, 1.0]))
+    assert mixed == ("augment" not in mix)
 
 
 def write_folder(root, corrupt=False):

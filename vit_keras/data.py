@@ -266,7 +266,8 @@ def make_pipeline(
                                  "'none'")
             if flip:
                 image = tf.image.random_flip_left_right(image)
-        return _resize(image, size), tf.one_hot(label, num_classes)
+        image = tf.ensure_shape(_resize(image, size), (*size, channels))  # static for layers
+        return image, tf.one_hot(label, num_classes)
 
     if cache:
         dataset = dataset.cache()

@@ -1,0 +1,84 @@
+"""Renders README's generated blocks from the code and from the measured results kept in
+docs/ (so every number in README comes from a command), and rewrites them with --write.
+
+python -m apps.readme [--write]
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+
+from apps.bench import markdown as bench_table
+from apps.variants import pretrained_table, variant_table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+
+
+def _json(path):
+    with open(os.path.join(DOCS, path)) as file:
+        return json.load(file)
+
+
+def mainjob_block() -> str:
+    result = _json("mainjob/result.json")
+    return (f"Measured with `bash scripts/main.sh` on this project's 2-core CPU machine "
+            f"(TensorFlow backend): **{result['test_accuracy']:.2%} test accuracy** on the "
+            f"10,000 Fashion-MNIST test images after {result['epochs']} epochs, "
+            f"{result['total_seconds'] / 60:.1f} minutes in all ({result['fit_seconds'] / 60:.1f}"
+            f" of them in model.fit), top-5 {result['test_top5']:.2%}. The run's files are "
+            f"copied to `docs/mainjob/`.")
+
+
+def export_block() -> str:
+    report = _json("export/export_report.json")
+    rows = ["| format | size | max abs diff (probabilities) | top-1 agreement | "
+            "latency ms/image |", "|---|---|---|---|---|"]
+    for kind, r in report["formats"].items():
+        rows.append(f"| {kind} | {r['size_bytes'] / 1024:.0f} KiB | "
+                    f"{r['max_abs_diff_probabilities']:.2e} | {r['top1_agreement']:.2%} | "
+                    f"{r['latency_ms_per_image']:.3f} |")
+    return (f"The main job's model ({report['model']}, input {report['input_shape']}), from "
+            f"`python -m apps.export runs/fashion_mnist/model.keras --samples {r['images']} "
+            f"--calibration 200` on {r['images']} held-out test images "
+            f"(`docs/export/export_report.json`):\n\n" + "\n".join(rows))
+
+
+def bench_block() -> str:
+    reports = [_json(os.path.relpath(p, DOCS))
+               for p in sorted(glob.glob(os.path.join(DOCS, "bench", "*.json")))]
+    return bench_table(reports)
+
+
+BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
+          "export": export_block, "bench": bench_block}
+
+
+def render(readme: str) -> str:
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+        readme = pattern.sub(lambda m, make=make: m.group(1) + make() + "\n" + m.group(2),
+                             readme)
+    return readme
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite README.md in place")
+    args = parser.parse_args(argv)
+    path = os.path.join(ROOT, "README.md")
+    with open(path) as file:
+        current = file.read()
+    rendered = render(current)
+    if args.write:
+        with open(path, "w") as file:
+            file.write(rendered)
+    print("README is up to date" if rendered == current else
+          ("README rewritten" if args.write else "README differs: run with --write"))
+    return rendered == current
+
+
+if __name__ == "__main__":
+    main()

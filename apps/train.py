@@ -8,6 +8,7 @@ Rerunning the same command after an interruption resumes from the last finished 
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -15,7 +16,8 @@ import time
 import keras
 
 from apps.common import add_model_arguments, model_from_arguments
-from vit_keras import data, distribute, training
+from vit_keras import data, distribute, pretrained, training
+from vit_keras.checkpoints import load_weights
 
 # The main job's model: 7x7 patches of 4x4 pixels, 4 blocks of width 64, global average
 # pooling and fixed sincos2d position embeddings (big_vision's "plain ViT" choices; on this
@@ -43,7 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-size", type=int, default=128,
                      help="global batch, split over the replicas")
     run.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
-    run.add_argument("--weights", help="initial weights (.npz, .keras, ...), e.g. to fine-tune")
+    run.add_argument("--weights", help="initial weights: a file (.npz, .keras, ...) or a "
+                                       "pre-trained name such as augreg_in21k")
+    run.add_argument("--grad-accum", type=int, default=None,
+                     help="average gradients over N steps before each update")
+    run.add_argument("--ema", type=float, default=None,
+                     help="Polyak averaging of the weights with this momentum (e.g. 0.9999)")
     run.add_argument("--limit", type=int, default=None, help="use only N training images")
     run.add_argument("--eval-limit", type=int, default=None,
                      help="evaluate on the first N held-out images only")
@@ -98,6 +105,10 @@ def main(argv=None):
     recipe_name = args.recipe or ("fashion_mnist" if args.dataset == "fashion_mnist"
                                   and not args.folder else "scratch")
     recipe = training.RECIPES[recipe_name]
+    if args.grad_accum or args.ema:
+        recipe = dataclasses.replace(
+            recipe, ema_momentum=args.ema or recipe.ema_momentum,
+            gradient_accumulation_steps=args.grad_accum or recipe.gradient_accumulation_steps)
     run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
     train, evaluation, names = load_sources(args)
     if args.limit:
@@ -111,8 +122,12 @@ def main(argv=None):
     with distribution.scope:
         model = model_from_arguments(args, num_classes=num_classes,
                                      dropout_rate=recipe.dropout_rate,
-                                     stochastic_depth_rate=recipe.stochastic_depth_rate,
-                                     weights=args.weights)
+                                     stochastic_depth_rate=recipe.stochastic_depth_rate)
+        if args.weights:
+            weights = (pretrained.fetch(args.variant, args.weights)
+                       if pretrained.is_name(args.weights) else args.weights)
+            report = load_weights(model, weights)
+            print(report if report is not None else f"{args.weights}: loaded")
     augment = ()
     if recipe.randaugment:
         augment = (keras.layers.RandAugment(value_range=(0, 255), num_ops=recipe.randaugment[0],

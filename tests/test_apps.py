@@ -148,3 +148,37 @@ def test_flop_count_matches_timm_figure():
     # facts section 8: B/16 at 224 is 17.58 GMACs, at 384 55.5
     assert abs(bench.forward_flops(bench.vk.get_config("B/16"), 224) / 2e9 - 17.58) < 0.1
     assert abs(bench.forward_flops(bench.vk.get_config("B/16"), 384) / 2e9 - 55.5) < 0.3
+
+
+def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from apps import finetune
+    from tests import official_layout
+
+    params = official_layout.random_checkpoint(np.random.default_rng(5), grid=(4, 4), classes=9)
+    np.savez(tmp_path / "pretrained.npz", **params)
+    rng = np.random.default_rng(6)
+    for name in ("cat", "dog"):
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for i in range(8):
+            Image.fromarray(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)).save(
+                tmp_path / "images" / name / f"{i}.png")
+    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    with pytest.warns(UserWarning, match="head .* zero-initialised"):
+        result = finetune.main([str(tmp_path / "pretrained.npz"), *shape, "--classifier",
+                                "token", "--posemb", "learned", "--image-size", "48",
+                                "--folder", str(tmp_path / "images"), "--eval-folder",
+                                str(tmp_path / "images"), "--epochs", "1", "--batch-size", "4",
+                                "--grad-accum", "2", "--ema", "0.99",
+                                "--run-dir", str(tmp_path / "run")])
+    assert result["epochs"] == 1 and 0.0 <= result["test_accuracy"] <= 1.0
+    printed = capsys.readouterr().out
+    assert "resampled Transformer/posembed_input/pos_embedding: grid 4x4 -> 6x6" in printed
+    assert "zero-initialised (new head)" in printed
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert list(history) == ["0"]
+    assert (tmp_path / "run" / "labels.txt").read_text().split() == ["cat", "dog"]

@@ -190,6 +190,6 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
                       steps_per_execution=steps_per_execution)
     distribute.prepare_model(model, distribution)
     run_callbacks = callbacks(run_dir)
-    model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+    model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
               validation_data=validation_data, callbacks=run_callbacks, verbose=verbose)
     return next(c for c in run_callbacks if isinstance(c, HistoryFile)).read()

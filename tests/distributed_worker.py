@@ -11,7 +11,8 @@ import sys
 MODE, OUT = sys.argv[1], sys.argv[2]
 if MODE.startswith("jax"):
     os.environ["KERAS_BACKEND"] = "jax"
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    if MODE != "jax-multiprocess":  # there: one CPU device in each of two processes
+        os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 else:
     os.environ["KERAS_BACKEND"] = "tensorflow"
 
@@ -34,9 +35,16 @@ def problem():
     return x, y
 
 
-def train(distribution, workaround=True):
+def train(distribution, workaround=True, shard=None):
+    """shard=(index, count): this process feeds its part of every global batch of 8."""
     keras.utils.set_random_seed(0)
     x, y = problem()
+    batch = 8
+    if shard:
+        index, count = shard
+        batch //= count
+        x, y = (a.reshape(4, count, batch, *a.shape[1:])[:, index].reshape(-1, *a.shape[1:])
+                for a in (x, y))
     with distribution.scope:
         model = vk.vit(TINY, image_size=32, num_classes=3)
         model.set_weights([np.random.default_rng(i).normal(0, 0.1, w.shape).astype("float32")
@@ -44,7 +52,7 @@ def train(distribution, workaround=True):
         training.compile_model(model, RECIPE, total_steps=10**9, jit_compile=False)
     if workaround:
         distribute.prepare_model(model, distribution)
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # 4 steps, global batch 8
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)  # 4 steps of 8
     return model
 
 
@@ -78,6 +86,13 @@ elif MODE == "jax-model-parallel":
     with open(OUT, "w") as file:
         file.write(repr({"query": query, "dense_0": dense, "norm": norm,
                          "replicas": mp.num_replicas}))
+elif MODE == "jax-multiprocess":  # JAX_COORDINATOR_ADDRESS etc. come from the parent
+    dp = distribute.choose("data-parallel")
+    dp.strategy.auto_shard_dataset = False  # each process feeds its own rows (below)
+    process = int(os.environ["JAX_PROCESS_ID"])
+    model = train(dp, shard=(process, int(os.environ["JAX_NUM_PROCESSES"])))
+    assert dp.num_replicas == 2, dp
+    save({"worker": model})
 elif MODE in ("multiworker", "multiworker-without-workaround"):  # TF_CONFIG from the parent
     model = train(distribute.choose("multiworker"), workaround=MODE == "multiworker")
     save({"worker": model})

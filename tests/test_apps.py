@@ -77,6 +77,20 @@ def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
         predict.main([path, str(tmp_path / "missing.png")])
 
 
+def write_images(root, per_class, size, seed):
+    """root/cat and root/dog with per_class random PNGs of size x size pixels each."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for name in ("cat", "dog"):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
+                root / name / f"{i}.png")
+    return root
+
+
 def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
     import numpy as np
     from PIL import Image
@@ -84,12 +98,7 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
     from apps import evaluate
 
     _, path = saved_tiny_model(tmp_path)
-    rng = np.random.default_rng(1)
-    for name in ("cat", "dog"):
-        (tmp_path / "images" / name).mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(
-                tmp_path / "images" / name / f"{i}.png")
+    write_images(tmp_path / "images", 3, 40, seed=1)
     report = evaluate.main([path, "--folder", str(tmp_path / "images")])
     matrix = np.array(report["confusion_matrix"])
     assert matrix.sum() == 6 and matrix.sum(axis=1).tolist() == [3, 3]
@@ -102,20 +111,13 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
 def test_inspect_writes_valid_pngs(tmp_path):
     import json
 
+    import numpy as np
     from PIL import Image
 
     from apps import inspect
 
     _, path = saved_tiny_model(tmp_path)
-    images = tmp_path / "images"
-    import numpy as np
-
-    rng = np.random.default_rng(3)
-    for name in ("cat", "dog"):
-        (images / name).mkdir(parents=True)
-        for i in range(3):
-            Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(
-                images / name / f"{i}.png")
+    images = write_images(tmp_path / "images", 3, 32, seed=3)
     out = inspect.main([path, "--folder", str(images), "--images", "3",
                         "--distance-images", "6", "--out", str(tmp_path / "figs")])
     sizes = {"rollout.png": (600, 400), "filters.png": (700, 400),
@@ -154,19 +156,13 @@ def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
     import json
 
     import numpy as np
-    from PIL import Image
 
     from apps import finetune
     from tests import official_layout
 
     params = official_layout.random_checkpoint(np.random.default_rng(5), grid=(4, 4), classes=9)
     np.savez(tmp_path / "pretrained.npz", **params)
-    rng = np.random.default_rng(6)
-    for name in ("cat", "dog"):
-        (tmp_path / "images" / name).mkdir(parents=True)
-        for i in range(8):
-            Image.fromarray(rng.integers(0, 256, (48, 48, 3), dtype=np.uint8)).save(
-                tmp_path / "images" / name / f"{i}.png")
+    write_images(tmp_path / "images", 8, 48, seed=6)
     shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     with pytest.warns(UserWarning, match="head .* zero-initialised"):
         result = finetune.main([str(tmp_path / "pretrained.npz"), *shape, "--classifier",

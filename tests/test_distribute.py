@@ -19,13 +19,16 @@ ROOT = Path(__file__).parents[1]
 BACKEND = keras.backend.backend()
 
 
-def run_workers(mode, outs, tf_configs=None, timeout=240):
+def run_workers(mode, outs, tf_configs=None, timeout=240, jax_coordinator=None):
     processes = []
     try:
         for i, out in enumerate(outs):
             env = {**os.environ}
             if tf_configs:
                 env["TF_CONFIG"] = json.dumps(tf_configs[i])
+            if jax_coordinator:
+                env.update(JAX_COORDINATOR_ADDRESS=jax_coordinator,
+                           JAX_NUM_PROCESSES=str(len(outs)), JAX_PROCESS_ID=str(i))
             processes.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.distributed_worker", mode, str(out)], cwd=ROOT,
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -106,6 +109,21 @@ def test_jax_data_parallel_over_four_devices_equals_one(tmp_path):
     [(code, err)] = run_workers("jax-data-parallel", [tmp_path / "w.npz"])
     assert code == 0, err[-3000:]
     assert_same_training(tmp_path / "w.npz")
+
+
+@jax_only
+def test_two_jax_processes_train_together_like_one_device(tmp_path):
+    outs = [tmp_path / "w0.npz", tmp_path / "w1.npz"]
+    results = run_workers("jax-multiprocess", outs,
+                          jax_coordinator=f"127.0.0.1:{free_ports(1)[0]}")
+    for code, err in results:
+        assert code == 0, err[-3000:]
+    first, second = np.load(outs[0]), np.load(outs[1])
+    [(code, err)] = run_workers("jax-data-parallel", [tmp_path / "single.npz"])
+    single = np.load(tmp_path / "single.npz")
+    for i in range(len(first.files)):
+        np.testing.assert_array_equal(first[f"worker_{i}"], second[f"worker_{i}"])
+        np.testing.assert_allclose(first[f"worker_{i}"], single[f"single_{i}"], atol=1e-5)
 
 
 @jax_only

@@ -80,7 +80,11 @@ def _jax(kind: str, model_axis: int) -> Distribution:
     import jax
 
     if os.environ.get("JAX_COORDINATOR_ADDRESS") and not jax.distributed.is_initialized():
-        jax.distributed.initialize()  # multi-host: reads the coordinator, count and id
+        # Several processes: CPU devices talk through gloo (accelerators use their own links).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(os.environ["JAX_COORDINATOR_ADDRESS"],
+                                   int(os.environ["JAX_NUM_PROCESSES"]),
+                                   int(os.environ["JAX_PROCESS_ID"]))
     devices = keras.distribution.list_devices()
     if kind == "data-parallel":
         distribution = keras.distribution.DataParallel(devices=devices)

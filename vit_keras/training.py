@@ -123,7 +123,9 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
         loss=keras.losses.CategoricalCrossentropy(from_logits=True,
                                                   label_smoothing=recipe.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy"),
-                 keras.metrics.TopKCategoricalAccuracy(k=5, name="top5")],
+                 # k can be at most the class count (PyTorch's topk refuses more)
+                 keras.metrics.TopKCategoricalAccuracy(k=min(5, model.output.shape[-1]),
+                                                       name="top5")],
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )

@@ -34,11 +34,11 @@ def mainjob_block() -> str:
 
 def _export_table(report) -> str:
     rows = ["| format | size | max abs diff (probabilities) | top-1 agreement | "
-            "latency ms/image |", "|---|---|---|---|---|"]
+            "latency ms/image | within tolerance |", "|---|---|---|---|---|---|"]
     for kind, r in report["formats"].items():
         rows.append(f"| {kind} | {r['size_bytes'] / 1024:.0f} KiB | "
                     f"{r['max_abs_diff_probabilities']:.2e} | {r['top1_agreement']:.2%} | "
-                    f"{r['latency_ms_per_image']:.3f} |")
+                    f"{r['latency_ms_per_image']:.3f} | {'yes' if r['passed'] else '**no**'} |")
     return "\n".join(rows)
 
 
@@ -54,8 +54,11 @@ def export_block() -> str:
         images = next(iter(ti16["formats"].values()))["images"]
         text += (f"\n\nViT-Ti/16 at 224 px ({ti16['model']}), made by `bash scripts/ti16_export.sh`"
                  f" (trained one epoch on Fashion-MNIST at 32 px, then loaded at 224 with its "
-                 f"position embeddings resampled, so its accuracy is low; the numbers are about "
-                 f"the export), on {images} test images:\n\n" + _export_table(ti16))
+                 f"position embeddings resampled: the numbers are about the export, not the "
+                 f"model's accuracy), on {images} test images. Its full-integer int8 file "
+                 f"misses the 99% agreement bar, so that export fails loudly, as it should; the "
+                 f"dynamic-range int8 file keeps the bar at a similar size.\n\n"
+                 + _export_table(ti16))
     return text
 
 

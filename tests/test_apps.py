@@ -178,3 +178,16 @@ def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert list(history) == ["0"]
     assert (tmp_path / "run" / "labels.txt").read_text().split() == ["cat", "dog"]
+
+
+def test_committed_main_job_model_loads_after_importing_vit_keras_alone():
+    import subprocess
+    import sys
+
+    code = ("import keras, vit_keras; "
+            "m = keras.saving.load_model('docs/mainjob/model.keras', safe_mode=True); "
+            "print(m.count_params())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "137802"  # the figure README quotes

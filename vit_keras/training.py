@@ -169,7 +169,10 @@ def callbacks(run_dir: str, tensorboard: bool = True) -> list[keras.callbacks.Ca
     found = [
         keras.callbacks.TerminateOnNaN(),
         HistoryFile(os.path.join(run_dir, "history.json")),
-        keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup")),
+        # double_checkpoint: a kill during the weights write leaves the previous backup to
+        # resume from (seen here: SIGKILL mid-save left an unreadable .h5).
+        keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup"),
+                                         double_checkpoint=True),
         keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "last.keras")),
     ]
     if tensorboard:

@@ -276,14 +276,12 @@ def make_pipeline(
     dataset = dataset.map(prepare, num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
                             num_parallel_calls=AUTOTUNE)
+    import keras  # here, not at the top: data.py stays importable without configuring Keras
+
     layers = list(augment) if training else []
     if training and mixup_alpha:
-        import keras
-
         layers.append(keras.layers.MixUp(alpha=mixup_alpha, seed=seed))
     if training and cutmix_alpha:
-        import keras
-
         layers.append(keras.layers.CutMix(factor=cutmix_alpha, seed=seed))
 
     def finish(images, labels):

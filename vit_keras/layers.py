@@ -22,7 +22,7 @@ def layer_norm(name: str) -> keras.layers.LayerNormalization:
     return keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
 
 
-def _as_pair(value, what: str) -> tuple[int, int]:
+def as_pair(value, what: str) -> tuple[int, int]:
     pair = (value, value) if isinstance(value, int) else tuple(value)
     if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
         raise ValueError(f"{what} must be a positive int or (height, width), got {value!r}")
@@ -43,7 +43,7 @@ class PatchEmbedding(keras.layers.Layer):
         self.hidden_size = hidden_size
 
     def grid_size(self, image_size) -> tuple[int, int]:
-        height, width = _as_pair(image_size, "image_size")
+        height, width = as_pair(image_size, "image_size")
         for side in (height, width):
             if side % self.patch_size:
                 raise ValueError(
@@ -128,7 +128,7 @@ class AddPositionEmbedding(keras.layers.Layer):
         if kind not in POSEMB_KINDS:
             raise ValueError(f"unknown position embedding {kind!r}: expected one of "
                              f"{', '.join(POSEMB_KINDS)}")
-        self.grid_size = _as_pair(grid_size, "grid_size")
+        self.grid_size = as_pair(grid_size, "grid_size")
         self.num_prefix_tokens = num_prefix_tokens
         self.kind = kind
 

@@ -12,7 +12,7 @@ from vit_keras.layers import (
     PatchEmbedding,
     TokenPooling,
     TransformerBlock,
-    _as_pair,
+    as_pair,
     layer_norm,
 )
 
@@ -73,7 +73,7 @@ def vit(
         _check_rate(rate_name, rate)
     if include_top and (not isinstance(num_classes, int) or num_classes < 1):
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-    height, width = _as_pair(image_size, "image_size")
+    height, width = as_pair(image_size, "image_size")
 
     embedding = PatchEmbedding(config.patch_size, config.hidden_size, name="embedding")
     grid = embedding.grid_size((height, width))

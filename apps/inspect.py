@@ -98,21 +98,23 @@ def main(argv=None):
     inputs = preprocess(pixels)
     maps = analysis.attention_rollout(model, inputs[:args.images])
     distances = analysis.mean_attention_distance(model, inputs[:args.distance_images])
-    filters = analysis.patch_filters(model)
-    rollout_figure(pixels[:args.images], maps, os.path.join(out, "rollout.png"))
-    filters_figure(filters, os.path.join(out, "filters.png"))
-    distance_figure(distances, os.path.join(out, "attention_distance.png"))
     numbers = {"mean_attention_distance": distances.round(3).tolist()}
-    try:
-        similarity = analysis.position_embedding_similarity(model)
-        similarity_figure(similarity, os.path.join(out, "posemb_similarity.png"))
-        numbers["posemb_similarity_grid"] = list(similarity.shape[:2])
-    except ValueError as err:  # posemb="none": nothing to draw
-        numbers["posemb_similarity"] = str(err)
+    figures = {"rollout.png": lambda path: rollout_figure(pixels[:args.images], maps, path),
+               "attention_distance.png": lambda path: distance_figure(distances, path),
+               # hybrids have no image-patch filters; posemb="none" has no similarity
+               "filters.png": lambda path: filters_figure(analysis.patch_filters(model), path),
+               "posemb_similarity.png": lambda path: similarity_figure(
+                   analysis.position_embedding_similarity(model), path)}
+    written = []
+    for name, draw in figures.items():
+        try:
+            draw(os.path.join(out, name))
+            written.append(name)
+        except ValueError as err:
+            numbers[name.removesuffix(".png")] = str(err)
     with open(os.path.join(out, "inspect.json"), "w") as file:
         json.dump(numbers, file, indent=1)
-    print(f"wrote rollout.png, filters.png, posemb_similarity.png, attention_distance.png and "
-          f"inspect.json to {out}")
+    print(f"wrote {', '.join(written)} and inspect.json to {out}")
     return out
 
 

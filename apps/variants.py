@@ -1,4 +1,4 @@
-"""Prints the table of official variants with their parameter counts, built from the code.
+"""Prints the table of variants and hybrids with their parameter counts, built from the code.
 
 python -m apps.variants [--image-size 224] [--num-classes 1000] [--pretrained]
 """
@@ -17,8 +17,12 @@ def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
     for name, config in vk.VARIANTS.items():
         params = vk.vit(name, image_size=image_size, num_classes=num_classes).count_params()
         keras.backend.clear_session()
+        patch = str(config.patch_size)
+        if config.is_hybrid:
+            stages = ",".join(map(str, config.resnet_layers)) or "root only"
+            patch += f" on ResNet ({stages}) map, /{config.cell_size} cells"
         rows.append(f"| {name} | {config.num_layers} | {config.hidden_size} | {config.mlp_dim} "
-                    f"| {config.num_heads} | {config.patch_size} | {params:,} |")
+                    f"| {config.num_heads} | {patch} | {params:,} |")
     return "\n".join(rows)
 
 

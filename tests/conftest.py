@@ -1,4 +1,5 @@
 import os
+import re
 
 # Tests run one backend per process; .ci/run runs the suite once per backend.
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -36,6 +37,7 @@ def checkpoint_params(model):
         name = variable.path.replace("Transformer_", "Transformer/", 1)
         name = name.replace("/gamma", "/scale").replace("/beta", "/bias")
         name = name.replace("_kernel", "/kernel").replace("_bias", "/bias")
+        name = re.sub(r"^(block\d+)_(unit\d+)/", r"\1/\2/", name)
         name = "cls" if name == "cls/cls" else name
         params[name] = keras.ops.convert_to_numpy(variable.value)
     return params

@@ -47,6 +47,73 @@ def sincos2d(grid_h, grid_w, width, temperature=10_000.0):
     return np.array(rows)
 
 
+def same_padding(size, kernel, stride):
+    """TensorFlow / Flax SAME: output ceil(size / stride), the extra pixel padded at the end."""
+    total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+def conv_same(x, kernel, stride):
+    """Cross-correlation with SAME padding, as a sum of shifted matmuls."""
+    kh, kw, _, out = kernel.shape
+    pads = [same_padding(x.shape[1], kh, stride), same_padding(x.shape[2], kw, stride)]
+    x = np.pad(x, [(0, 0), *pads, (0, 0)])
+    oh, ow = (x.shape[1] - kh) // stride + 1, (x.shape[2] - kw) // stride + 1
+    y = np.zeros((x.shape[0], oh, ow, out))
+    for i in range(kh):
+        for j in range(kw):
+            y += x[:, i:i + stride * oh:stride, j:j + stride * ow:stride] @ kernel[i, j]
+    return y
+
+
+def standardize_kernel(kernel, eps=1e-5):
+    """BiT weight standardisation: per output filter, (w - mean) / (std + eps)."""
+    kernel = kernel - kernel.mean(axis=(0, 1, 2))
+    return kernel / (kernel.std(axis=(0, 1, 2)) + eps)
+
+
+def group_norm(x, scale, bias, groups=32, eps=1e-6):
+    b, h, w, c = x.shape
+    g = x.reshape(b, h, w, groups, c // groups)
+    mean = g.mean(axis=(1, 2, 4), keepdims=True)
+    var = ((g - mean) ** 2).mean(axis=(1, 2, 4), keepdims=True)
+    return ((g - mean) / np.sqrt(var + eps)).reshape(x.shape) * scale + bias
+
+
+def max_pool_same(x, window=3, stride=2):
+    pads = [same_padding(x.shape[1], window, stride), same_padding(x.shape[2], window, stride)]
+    x = np.pad(x, [(0, 0), *pads, (0, 0)], constant_values=-np.inf)
+    oh, ow = (x.shape[1] - window) // stride + 1, (x.shape[2] - window) // stride + 1
+    return np.max([x[:, i:i + stride * oh:stride, j:j + stride * ow:stride]
+                   for i in range(window) for j in range(window)], axis=0)
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def resnet(params, x, stage_units, width):
+    """vit_jax's hybrid root and bottleneck stages (models_resnet.py), from checkpoint names."""
+    def conv_gn(x, name, norm, stride=1):
+        kernel = standardize_kernel(params[f"{name}/kernel"])
+        return group_norm(conv_same(x, kernel, stride), params[f"{norm}/scale"],
+                          params[f"{norm}/bias"])
+
+    x = max_pool_same(relu(conv_gn(x, "conv_root", "gn_root", 2)))
+    for s, units in enumerate(stage_units):
+        features = width * 2**s
+        for u in range(units):
+            unit = f"block{s + 1}/unit{u + 1}/"
+            stride = 2 if s > 0 and u == 0 else 1
+            shortcut = x
+            if x.shape[-1] != 4 * features or stride != 1:
+                shortcut = conv_gn(x, unit + "conv_proj", unit + "gn_proj", stride)
+            y = relu(conv_gn(x, unit + "conv1", unit + "gn1"))
+            y = relu(conv_gn(y, unit + "conv2", unit + "gn2", stride))
+            x = relu(shortcut + conv_gn(y, unit + "conv3", unit + "gn3"))
+    return x
+
+
 def encoder_block(x, p, heads, approximate):
     b, t, d = x.shape
     dh = d // heads
@@ -66,8 +133,12 @@ def encoder_block(x, p, heads, approximate):
 
 
 def forward(params, images, *, patch, heads, layers, classifier="token", posemb=None,
-            approximate=True, representation=False, return_attention=False):
-    """Logits of the paper's model; posemb is the (tokens, D) table to add, or None."""
+            approximate=True, representation=False, return_attention=False, resnet_stages=None,
+            resnet_width=64):
+    """Logits of the paper's model; posemb is the (tokens, D) table to add, or None.
+    resnet_stages (units per stage, () for the root alone) makes it a hybrid."""
+    if resnet_stages is not None:
+        images = resnet(params, images, resnet_stages, resnet_width)
     kernel = params["embedding/kernel"]
     x = patches(images, patch) @ kernel.reshape(-1, kernel.shape[-1]) + params["embedding/bias"]
     if classifier == "token":

@@ -6,16 +6,41 @@ Test-side and independent of vit_keras: the names and shapes below are the spec.
 import numpy as np
 
 
+def resnet_arrays(r, stages, width):
+    """A hybrid's ResNet (vit_jax models_resnet.py): root, then units with a projection where
+    the channels or the stride change. Returns the arrays and the feature map's channels."""
+    p = {"conv_root/kernel": r(7, 7, 3, width), "gn_root/scale": 1 + r(width),
+         "gn_root/bias": r(width)}
+    channels = width
+    for s, units in enumerate(stages):
+        f = width * 2**s
+        for u in range(units):
+            unit = f"block{s + 1}/unit{u + 1}/"
+            shapes = {"conv1": (1, 1, channels, f), "conv2": (3, 3, f, f),
+                      "conv3": (1, 1, f, 4 * f)}
+            if u == 0:  # channels change in every stage's first unit (stride too after the 1st)
+                shapes["conv_proj"] = (1, 1, channels, 4 * f)
+            for conv, shape in shapes.items():
+                norm = conv.replace("conv", "gn")
+                p[unit + conv + "/kernel"] = r(*shape)
+                p[unit + norm + "/scale"], p[unit + norm + "/bias"] = 1 + r(shape[-1]), r(shape[-1])
+            channels = 4 * f
+    return p, channels
+
+
 def random_checkpoint(rng, *, hidden=32, layers=2, heads=4, mlp=64, patch=8, grid=(4, 4),
-                      classes=7, cls=True, representation=None, scale=0.2):
-    """Pre-Linen (vit_jax / AugReg) names, one array per key."""
+                      classes=7, cls=True, representation=None, scale=0.2, resnet=None,
+                      resnet_width=32):
+    """Pre-Linen (vit_jax / AugReg) names, one array per key; resnet (units per stage) adds
+    a hybrid's ResNet."""
     d, dh = hidden, hidden // heads
 
     def r(*shape):
         return rng.normal(0, scale, shape).astype("float32")
 
+    p, channels = resnet_arrays(r, resnet, resnet_width) if resnet is not None else ({}, 3)
     tokens = grid[0] * grid[1] + (1 if cls else 0)
-    p = {"embedding/kernel": r(patch, patch, 3, d), "embedding/bias": r(d),
+    p |= {"embedding/kernel": r(patch, patch, channels, d), "embedding/bias": r(d),
          "Transformer/posembed_input/pos_embedding": r(1, tokens, d),
          "Transformer/encoder_norm/scale": 1 + r(d), "Transformer/encoder_norm/bias": r(d),
          "head/kernel": r(representation or d, classes), "head/bias": r(classes)}
@@ -68,3 +93,9 @@ def to_big_vision(p):
         posemb = posemb[:, 1:]
     p["pos_embedding"] = posemb
     return {"params/" + k: v for k, v in p.items()}
+
+
+def to_broadcast_group_norm(p):
+    """The hybrids' older files: GroupNorm scale and bias stored as (1, 1, 1, C)."""
+    return {k: v.reshape(1, 1, 1, -1) if "/gn" in "/" + k and k.endswith(("/scale", "/bias"))
+            else v for k, v in p.items()}

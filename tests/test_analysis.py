@@ -94,3 +94,27 @@ def test_patch_filters_are_principal_components():
     filters = analysis.patch_filters(model, n=6)
     assert filters.shape == (6, 8, 8, 3)
     assert filters.min() == 0.0 and filters.max() == 1.0
+
+
+def test_hybrid_analysis_measures_image_pixels_and_has_no_patch_filters():
+    # root-only ResNet (/4) and 2x2 patches: a 4x4 grid of 8-pixel cells on a 32-pixel image
+    config = {**TINY, "patch_size": 2, "resnet_layers": (), "resnet_width": 32}
+    model = randomize(vk.vit(config, image_size=32, num_classes=3))
+    x = images()
+    recorded = analysis.attention_maps(model, x)
+    params = checkpoint_params(model)
+    _, expected_maps = numpy_vit.forward(
+        params, x, patch=2, heads=4, layers=2, resnet_stages=(), resnet_width=32,
+        posemb=params["Transformer/posembed_input/pos_embedding"][0], return_attention=True)
+    for got, want in zip(recorded, expected_maps, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+    centres = np.array([(8 * r, 8 * c) for r in range(4) for c in range(4)])
+    distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
+    expected = []
+    for probs in expected_maps:
+        patches = probs[:, :, 1:, 1:] / probs[:, :, 1:, 1:].sum(-1, keepdims=True)
+        expected.append((patches * distance).sum(-1).mean(axis=(0, 2)))
+    np.testing.assert_allclose(analysis.mean_attention_distance(model, x), expected, rtol=1e-4)
+    assert analysis.attention_rollout(model, x).shape == (2, 4, 4)
+    with pytest.raises(ValueError, match="sees 32 ResNet channels, not the image's 3"):
+        analysis.patch_filters(model)

@@ -129,6 +129,24 @@ def test_inspect_writes_valid_pngs(tmp_path):
     assert np.array(numbers["mean_attention_distance"]).shape == (2, 4)
 
 
+def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
+    import json
+
+    import vit_keras as vk
+    from apps import inspect
+
+    config = {**TINY, "patch_size": 1, "resnet_layers": (1,), "resnet_width": 32}
+    vk.vit(config, image_size=32, num_classes=2).save(tmp_path / "hybrid.keras")
+    images = write_images(tmp_path / "images", 2, 32, seed=4)
+    out = inspect.main([str(tmp_path / "hybrid.keras"), "--folder", str(images), "--images", "2",
+                        "--distance-images", "2", "--out", str(tmp_path / "figs")])
+    assert sorted(os.listdir(out)) == ["attention_distance.png", "inspect.json",
+                                       "posemb_similarity.png", "rollout.png"]
+    numbers = json.loads((tmp_path / "figs" / "inspect.json").read_text())
+    assert "not the image's 3: a hybrid's filters are not image patches" in numbers[
+        "filters"]
+
+
 def test_bench_smoke_runs_ours_and_timm(tmp_path):
     import json
 

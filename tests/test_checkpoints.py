@@ -11,7 +11,7 @@ import timm
 import torch
 
 import vit_keras as vk
-from tests import official_layout
+from tests import numpy_vit, official_layout
 from tests.conftest import TINY, images, randomize
 from vit_keras import checkpoints, pretrained
 
@@ -152,6 +152,33 @@ def test_save_then_load_restores_identical_weights_and_timm_reads_it(tmp_path):
     reference.load_pretrained(str(tmp_path / "plain.npz"))
     np.testing.assert_allclose(logits(plain, images()), timm_forward(reference, images()),
                                atol=1e-4)
+
+
+@pytest.mark.parametrize("broadcast_gn", [False, True])
+def test_hybrid_checkpoint_loads_and_round_trips(tmp_path, broadcast_gn):
+    stages = (1, 2)
+    params = official_layout.random_checkpoint(np.random.default_rng(4), patch=1,
+                                               resnet=stages, resnet_width=32)
+    written = official_layout.to_broadcast_group_norm(params) if broadcast_gn else params
+    assert written["block1/unit1/gn1/scale"].ndim == (4 if broadcast_gn else 1)
+    path = write(tmp_path / "hybrid.npz", written)
+    config = {**TINY, "patch_size": 1, "resnet_layers": stages, "resnet_width": 32}
+    model = vk.vit(config, image_size=32, num_classes=7)
+    report = vk.load_npz(model, path)
+    assert report.unused == [] and "block2/unit2/conv3/kernel" in report.loaded
+    assert ("(1, 1, 1, C) GroupNorm" in report.layout) == broadcast_gn
+    x = images()
+    expected = numpy_vit.forward(params, x, patch=1, heads=4, layers=2, posemb=params[POSEMB][0],
+                                 resnet_stages=stages, resnet_width=32)
+    np.testing.assert_allclose(logits(model, x), expected, atol=2e-4)
+    vk.save_npz(model, tmp_path / "ours.npz")
+    saved = checkpoints.read_npz(tmp_path / "ours.npz")
+    assert sorted(saved) == sorted(params)
+    for key, value in params.items():
+        np.testing.assert_array_equal(saved[key], value, err_msg=key)
+    plain = official_layout.random_checkpoint(np.random.default_rng(5))
+    with pytest.raises(ValueError, match="key 'conv_root/kernel' is missing from the checkpoint"):
+        vk.load_npz(model, write(tmp_path / "plain.npz", plain))
 
 
 def test_new_class_count_gets_zero_head_and_pre_logits_are_dropped(tmp_path):
@@ -333,3 +360,12 @@ def test_unknown_pretrained_names_and_variants_are_refused():
         vk.vit("H/14", weights="augreg_in21k")
     with pytest.raises(FileNotFoundError, match="'imagenet' does not exist"):
         vk.vit(TINY, image_size=32, weights="imagenet")
+
+
+def test_hybrid_names_point_at_the_official_files(monkeypatch):
+    monkeypatch.delenv("VIT_KERAS_WEIGHTS_URL", raising=False)
+    base = "https://storage.googleapis.com/vit_models/"
+    assert pretrained.url(pretrained.checkpoint("R50+B/16", "imagenet21k")) == (
+        base + "imagenet21k/R50%2BViT-B_16.npz")
+    assert pretrained.url(pretrained.checkpoint("R50+L/32", "augreg_in21k")) == (
+        base + "augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1.npz")

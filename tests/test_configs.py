@@ -6,7 +6,8 @@ from vit_keras.configs import ViTConfig, get_config
 
 def test_official_variants_have_paper_shapes():
     assert set(vk.VARIANTS) == {"Ti/16", "S/16", "S/32", "B/16", "B/32", "B/8", "L/16",
-                                "L/32", "H/14"}
+                                "L/32", "H/14", "R+Ti/16", "R26+S/32", "R26+B/32", "R50+B/16",
+                                "R50+L/32"}
     b16 = vk.VARIANTS["B/16"]
     assert (b16.hidden_size, b16.num_layers, b16.mlp_dim, b16.num_heads, b16.patch_size) == (
         768, 12, 3072, 12, 16)
@@ -30,3 +31,21 @@ def test_unknown_variant_lists_known_ones(name):
 def test_heads_must_divide_hidden_size():
     with pytest.raises(ValueError, match="num_heads 5 does not divide hidden_size 32"):
         ViTConfig(hidden_size=32, num_layers=2, num_heads=5, mlp_dim=64, patch_size=8)
+
+
+def test_hybrids_follow_the_official_configs():
+    r50 = vk.VARIANTS["R50+B/16"]
+    assert (r50.hidden_size, r50.resnet_layers, r50.patch_size, r50.cell_size) == (
+        768, (3, 4, 9), 1, 16)
+    assert vk.VARIANTS["R50+L/32"].resnet_layers == (3, 4, 6, 3)
+    assert vk.VARIANTS["R50+L/32"].cell_size == 32
+    r_ti = get_config("R+Ti/16")
+    assert (r_ti.resnet_layers, r_ti.patch_size, r_ti.stem_stride) == ((), 8, 4)
+    assert get_config(dict(hidden_size=32, num_layers=1, num_heads=4, mlp_dim=64, patch_size=1,
+                           resnet_layers=[1, 1])).resnet_layers == (1, 1)
+
+
+@pytest.mark.parametrize("layers", [(0,), "34", (1, 2.0)])
+def test_bad_resnet_layers_are_refused(layers):
+    with pytest.raises(ValueError, match="resnet_layers must be None or a tuple of positive"):
+        ViTConfig(32, 1, 4, 64, 1, resnet_layers=layers)

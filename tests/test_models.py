@@ -23,6 +23,45 @@ def test_parameter_counts_match_official(variant):
     assert vk.vit(variant).count_params() == OFFICIAL_PARAMS[variant]
 
 
+# The hybrids, from the same models_test.py.
+HYBRID_PARAMS = {"R+Ti/16": 6_337_704, "R26+S/32": 36_431_912, "R26+B/32": 101_383_976,
+                 "R50+B/16": 98_659_112, "R50+L/32": 328_994_856}
+
+
+@pytest.mark.parametrize("variant", sorted(HYBRID_PARAMS))
+def test_hybrid_parameter_counts_match_official(variant):
+    assert vk.vit(variant).count_params() == HYBRID_PARAMS[variant]
+
+
+@pytest.mark.parametrize("stages, patch", [((1, 2), 1), ((), 2)])
+def test_hybrid_forward_equals_numpy_resnet_and_transformer(stages, patch):
+    # 32x48 makes SAME padding asymmetric in the strided convolutions and the max-pool.
+    config = {**TINY, "patch_size": patch, "resnet_layers": stages, "resnet_width": 32}
+    model = randomize(vk.vit(config, image_size=(32, 48), num_classes=5))
+    params = checkpoint_params(model)
+    x = images(height=32, width=48)
+    expected = numpy_vit.forward(
+        params, x, patch=patch, heads=4, layers=2, resnet_stages=stages, resnet_width=32,
+        posemb=params["Transformer/posembed_input/pos_embedding"][0])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), expected, atol=2e-4)
+
+
+def test_hybrid_keras_file_round_trips_in_safe_mode(tmp_path):
+    config = {**TINY, "patch_size": 1, "resnet_layers": (1, 1), "resnet_width": 32}
+    model = randomize(vk.vit(config, image_size=32, num_classes=3))
+    model.save(tmp_path / "hybrid.keras")
+    loaded = keras.saving.load_model(tmp_path / "hybrid.keras", safe_mode=True)
+    x = images()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
+                               keras.ops.convert_to_numpy(model(x)), atol=1e-6)
+
+
+def test_hybrid_image_size_must_fill_whole_cells():
+    with pytest.raises(ValueError, match="200x200 is not divisible by the hybrid's 16-pixel "
+                                         r"cells \(ResNet stride 16 x patch size 1\)"):
+        vk.vit("R50+B/16", image_size=200)
+
+
 def reference_posemb(model, posemb, classifier, grid):
     """The table the paper adds, built in the test from the model's raw weights."""
     params = checkpoint_params(model)

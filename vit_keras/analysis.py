@@ -22,10 +22,11 @@ def _layer(model, kind):
 
 
 def _layout(model) -> tuple[tuple[int, int], int, int]:
-    """(patch grid, number of prefix tokens, patch size)."""
-    embedding = _layer(model, PatchEmbedding)
+    """(token grid, number of prefix tokens, pixels per grid cell: the patch size of a plain
+    ViT, ResNet stride x patch size of a hybrid)."""
+    grid = _layer(model, AddPositionEmbedding).grid_size
     prefix = 1 if any(isinstance(layer, ClassToken) for layer in model.layers) else 0
-    return embedding.grid_size(tuple(model.input.shape[1:3])), prefix, embedding.patch_size
+    return grid, prefix, model.input.shape[1] // grid[0]
 
 
 def attention_maps(model: keras.Model, images) -> list[np.ndarray]:
@@ -106,6 +107,9 @@ def patch_filters(model: keras.Model, n: int = 28) -> np.ndarray:
     (patch, patch, channels) image scaled to [0, 1] (the paper's Figure 7, left)."""
     kernel = keras.ops.convert_to_numpy(_layer(model, PatchEmbedding).kernel)
     patch, _, channels, width = kernel.shape
+    if channels != model.input.shape[-1]:
+        raise ValueError(f"the patch embedding sees {channels} ResNet channels, not the image's "
+                         f"{model.input.shape[-1]}: a hybrid's filters are not image patches")
     filters = kernel.reshape(-1, width).T  # one row per embedding dimension
     filters = filters - filters.mean(axis=0)
     _, _, components = np.linalg.svd(filters, full_matrices=False)

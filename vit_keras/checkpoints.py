@@ -27,6 +27,7 @@ _PREFIXES = ("opt/target/", "params/img/", "params/")
 _LINEN_TO_PRE_LINEN = {"MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
                        "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3"}
 _BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+_GROUP_NORM = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
 
 
 @dataclasses.dataclass
@@ -96,6 +97,10 @@ def canonicalize(params: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
             rest = key[len("Transformer/encoderblock/"):]
             for i, array in enumerate(stacked):
                 params[f"Transformer/encoderblock_{i}/{rest}"] = array
+    broadcast_gn = [k for k, v in params.items() if _GROUP_NORM.search(k) and v.ndim == 4]
+    if broadcast_gn:  # the hybrids' older GroupNorm kept (1, 1, 1, C) scales and biases
+        layout.append("(1, 1, 1, C) GroupNorm parameters")
+        params.update({k: params[k].reshape(-1) for k in broadcast_gn})
     if any("/MultiHeadDotProductAttention_0/" in k for k in params):
         layout.append("Linen names")
         renamed = {}

@@ -5,29 +5,63 @@ from __future__ import annotations
 import dataclasses
 
 
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 @dataclasses.dataclass(frozen=True)
 class ViTConfig:
-    """Shape of a Vision Transformer: everything that fixes its parameter count."""
+    """Shape of a Vision Transformer: everything that fixes its parameter count.
+
+    resnet_layers makes a hybrid: None is a plain ViT; a tuple gives the bottleneck units of
+    each ResNet stage after the stem ((), the stem alone), and patch_size then cuts the
+    ResNet's feature map, not the image.
+    """
 
     hidden_size: int
     num_layers: int
     num_heads: int
     mlp_dim: int
     patch_size: int
+    resnet_layers: tuple[int, ...] | None = None
+    resnet_width: int = 64
 
     def __post_init__(self):
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field.name} must be a positive int, got {value!r}")
+        for name in ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size",
+                     "resnet_width"):
+            value = getattr(self, name)
+            if not _is_positive_int(value):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"num_heads {self.num_heads} does not divide hidden_size {self.hidden_size}"
             )
+        if self.resnet_layers is not None:
+            layers = self.resnet_layers
+            if not isinstance(layers, list | tuple) or not all(map(_is_positive_int, layers)):
+                raise ValueError("resnet_layers must be None or a tuple of positive ints (units "
+                                 f"per ResNet stage), got {layers!r}")
+            object.__setattr__(self, "resnet_layers", tuple(layers))  # lists from JSON/dicts
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.resnet_layers is not None
+
+    @property
+    def stem_stride(self) -> int:
+        """How much the ResNet shrinks the image: 4 for its root, 2 more per later stage."""
+        if self.resnet_layers is None:
+            return 1
+        return 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
+
+    @property
+    def cell_size(self) -> int:
+        """Pixels per token along each side of the image (the patch size of a plain ViT)."""
+        return self.stem_stride * self.patch_size
 
 
 # Model sizes from the paper (Table 1) and the official configs (Ti and S from AugReg).
@@ -43,18 +77,36 @@ SIZES = {
 OFFICIAL = ("Ti/16", "S/16", "S/32", "B/16", "B/32", "B/8", "L/16", "L/32", "H/14")
 
 
+# The paper's hybrids (vit_jax configs): ResNet units per stage, then the patch size on the
+# ResNet's feature map. "R+Ti/16" keeps its official name although stem (/4) x 8x8 patches
+# make 32-pixel cells, as in the official code.
+HYBRID_SHAPES = {
+    "R+Ti/16": ((), 8),
+    "R26+S/32": ((2, 2, 2, 2), 1),
+    "R26+B/32": ((2, 2, 2, 2), 1),
+    "R50+B/16": ((3, 4, 9), 1),
+    "R50+L/32": ((3, 4, 6, 3), 1),
+}
+
+
 def parse_variant(name: str) -> ViTConfig:
-    """'B/16' -> ViTConfig of ViT-Base with 16x16 patches."""
+    """'B/16' -> ViTConfig of ViT-Base with 16x16 patches; 'R50+B/16' -> the hybrid."""
+    if isinstance(name, str) and name in HYBRID_SHAPES:
+        resnet_layers, patch = HYBRID_SHAPES[name]
+        size = name.partition("+")[2].partition("/")[0]
+        return ViTConfig(patch_size=patch, resnet_layers=resnet_layers, **SIZES[size])
     size, sep, patch = name.partition("/") if isinstance(name, str) else ("", "", "")
     if not sep or size not in SIZES or not patch.isdigit() or int(patch) < 1:
         raise ValueError(
             f"unknown variant {name!r}: expected '{{size}}/{{patch}}' with size one of "
-            f"{sorted(SIZES)} (known variants: {', '.join(OFFICIAL)})"
+            f"{sorted(SIZES)} or a hybrid (known variants: {', '.join(OFFICIAL)}, "
+            f"{', '.join(HYBRID_SHAPES)})"
         )
     return ViTConfig(patch_size=int(patch), **SIZES[size])
 
 
-VARIANTS: dict[str, ViTConfig] = {name: parse_variant(name) for name in OFFICIAL}
+VARIANTS: dict[str, ViTConfig] = {name: parse_variant(name) for name in (*OFFICIAL,
+                                                                          *HYBRID_SHAPES)}
 
 
 def get_config(variant: str | ViTConfig | dict) -> ViTConfig:

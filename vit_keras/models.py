@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import keras
 
 from vit_keras.configs import ViTConfig, get_config
@@ -15,15 +17,18 @@ from vit_keras.layers import (
     as_pair,
     layer_norm,
 )
+from vit_keras.resnet import resnet_stem
 
 CLASSIFIERS = ("token", "gap")
 
 
 def checkpoint_name(layer_name: str) -> str:
-    """Keras forbids '/' in layer names; ours use '_' after 'Transformer' instead."""
+    """Keras forbids '/' in layer names; ours use '_' after 'Transformer' and between a
+    ResNet stage and its unit instead."""
     prefix = "Transformer_"
-    return "Transformer/" + layer_name[len(prefix):] if layer_name.startswith(prefix) else (
-        layer_name)
+    if layer_name.startswith(prefix):
+        return "Transformer/" + layer_name[len(prefix):]
+    return re.sub(r"^(block\d+)_(unit\d+)$", r"\1/\2", layer_name)
 
 
 def _check_rate(name: str, value: float) -> None:
@@ -50,7 +55,8 @@ def vit(
 ) -> keras.Model:
     """Builds a Vision Transformer.
 
-    variant: "B/16" and friends (see vk.VARIANTS), a ViTConfig, or a dict of its fields.
+    variant: "B/16" and friends or a hybrid such as "R50+B/16" (see vk.VARIANTS), a
+    ViTConfig, or a dict of its fields.
     The input is float images (batch, height, width, channels) in [-1, 1] (vk.preprocess).
     The output is logits (include_top) or the pooled representation; float32 under any
     mixed-precision policy, since the read-out and head run in float32.
@@ -74,11 +80,18 @@ def vit(
     if include_top and (not isinstance(num_classes, int) or num_classes < 1):
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     height, width = as_pair(image_size, "image_size")
+    if config.is_hybrid and (height % config.cell_size or width % config.cell_size):
+        raise ValueError(f"image_size {height}x{width} is not divisible by the hybrid's "
+                         f"{config.cell_size}-pixel cells (ResNet stride {config.stem_stride} "
+                         f"x patch size {config.patch_size})")
 
     embedding = PatchEmbedding(config.patch_size, config.hidden_size, name="embedding")
-    grid = embedding.grid_size((height, width))
+    grid = embedding.grid_size((height // config.stem_stride, width // config.stem_stride))
     inputs = keras.Input((height, width, channels), name="images")
-    x = embedding(inputs)
+    x = inputs
+    if config.is_hybrid:
+        x = resnet_stem(x, config.resnet_layers, config.resnet_width)
+    x = embedding(x)
     num_prefix = 1 if classifier == "token" else 0
     if num_prefix:
         x = ClassToken(name="cls")(x)
@@ -114,5 +127,5 @@ def vit(
 
 def _model_name(variant, config: ViTConfig) -> str:
     if isinstance(variant, str):
-        return "vit_" + variant.replace("/", "_").lower()
+        return "vit_" + re.sub(r"[/+]", "_", variant).lower()
     return f"vit_d{config.hidden_size}_l{config.num_layers}_p{config.patch_size}"

@@ -13,7 +13,7 @@ import urllib.parse
 import keras
 
 BASE_URL = "https://storage.googleapis.com/vit_models/"
-_AUGREG = "augreg/{}-i21k-300ep-lr_0.001-aug_{}-do_0.0-sd_0.0"
+_AUGREG = "augreg/{}-i21k-300ep-lr_0.001-aug_{}-{}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +23,14 @@ class Checkpoint:
     num_classes: int
 
 
-def _augreg(model: str, aug_wd: str, finetune: str = "") -> str:
-    return _AUGREG.format(model, aug_wd) + finetune + ".npz"
+def _original(variant: str) -> str:
+    """'B/16' -> 'ViT-B_16', 'R50+B/16' -> 'R50+ViT-B_16': the paper's file names."""
+    resnet, plus, vit = variant.rpartition("+")
+    return f"{resnet}{plus}ViT-{vit.replace('/', '_')}"
+
+
+def _augreg(model: str, aug_wd: str, finetune: str = "", do_sd: str = "do_0.0-sd_0.0") -> str:
+    return _AUGREG.format(model, aug_wd, do_sd) + finetune + ".npz"
 
 
 _IN1K_224 = "--imagenet2012-steps_20k-lr_{}-res_224"
@@ -40,6 +46,10 @@ PRETRAINED: dict[str, dict[str, Checkpoint]] = {
         "B/16": Checkpoint(_augreg("B_16", "medium1-wd_0.1"), 224, 21843),
         "B/8": Checkpoint(_augreg("B_8", "medium2-wd_0.1"), 224, 21843),
         "L/16": Checkpoint(_augreg("L_16", "strong1-wd_0.1"), 224, 21843),
+        "R+Ti/16": Checkpoint(_augreg("R_Ti_16", "none-wd_0.03"), 224, 21843),
+        "R26+S/32": Checkpoint(_augreg("R26_S_32", "light1-wd_0.1"), 224, 21843),
+        "R50+L/32": Checkpoint(_augreg("R50_L_32", "medium1-wd_0.1", do_sd="do_0.1-sd_0.1"), 224,
+                               21843),
     },
     # The same pre-training, fine-tuned on ImageNet-1k at 224 (timm's augreg_in21k_ft_in1k).
     "augreg_in21k_ft_in1k": {
@@ -51,13 +61,13 @@ PRETRAINED: dict[str, dict[str, Checkpoint]] = {
     },
     # The paper's original ImageNet-21k pre-training, with its representation layer.
     "imagenet21k": {
-        v: Checkpoint(f"imagenet21k/ViT-{v.replace('/', '_')}.npz", 224, 21843)
-        for v in ("B/16", "B/32", "L/16", "L/32", "H/14")
+        v: Checkpoint(f"imagenet21k/{_original(v)}.npz", 224, 21843)
+        for v in ("B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")
     },
     # The paper's ImageNet-21k models fine-tuned on ImageNet-1k at 384 px.
     "imagenet21k_ft_in1k": {
-        v: Checkpoint(f"imagenet21k+imagenet2012/ViT-{v.replace('/', '_')}.npz", 384, 1000)
-        for v in ("B/16", "B/32", "L/16", "L/32")
+        v: Checkpoint(f"imagenet21k+imagenet2012/{_original(v)}.npz", 384, 1000)
+        for v in ("B/16", "B/32", "L/16", "L/32", "R50+B/16")
     },
 }
 

@@ -1,0 +1,110 @@
+"""The ResNet in front of the paper's hybrid models (R50+B/16 and friends).
+
+BiT-style ResNet v1 as in vit_jax models_resnet.py: weight-standardised convolutions without
+bias, GroupNorm with 32 groups and Flax's epsilon, SAME padding. Layers are named like the
+official checkpoint tree (conv_root, gn_root, block{i}/unit{j}/{conv,gn}{1,2,3,_proj}); Keras
+forbids '/' in layer names, so unit j of stage i is the layer `block{i}_unit{j}`.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+GROUP_NORM_GROUPS = 32
+GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's default
+WEIGHT_STD_EPSILON = 1e-5  # added to the kernel's standard deviation, as vit_jax does
+
+_register = keras.saving.register_keras_serializable(package="vit_keras")
+
+
+def group_norm(name: str, **kwargs) -> keras.layers.GroupNormalization:
+    return keras.layers.GroupNormalization(GROUP_NORM_GROUPS, epsilon=GROUP_NORM_EPSILON,
+                                           name=name, **kwargs)
+
+
+@_register
+class StdConv(keras.layers.Conv2D):
+    """Convolution whose kernel is standardised per output filter (zero mean, unit standard
+    deviation over height, width and input channels) on every call. The variable keeps the raw
+    kernel, which is what the checkpoints store."""
+
+    def __init__(self, filters, kernel_size, strides=1, **kwargs):
+        kwargs.setdefault("padding", "same")
+        kwargs.setdefault("use_bias", False)
+        kwargs.setdefault("kernel_initializer", "lecun_normal")  # Flax's Conv default
+        super().__init__(filters, kernel_size, strides=strides, **kwargs)
+
+    def convolution_op(self, inputs, kernel):
+        # Standardised in float32: a bfloat16 mean and variance would lose the small filters.
+        kernel = ops.cast(kernel, "float32")
+        kernel = kernel - ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+        std = ops.sqrt(ops.mean(ops.square(kernel), axis=(0, 1, 2), keepdims=True))
+        kernel = kernel / (std + WEIGHT_STD_EPSILON)
+        return super().convolution_op(inputs, ops.cast(kernel, inputs.dtype))
+
+
+@_register
+class ResidualUnit(keras.layers.Layer):
+    """Bottleneck unit: 1x1 -> 3x3 (strided) -> 1x1 to 4 x features channels, GroupNorm after
+    each, added to the input (projected by conv_proj + gn_proj when the shape changes), ReLU.
+    gn3 starts at zero, so a fresh unit passes its shortcut through."""
+
+    def __init__(self, features: int, strides: int = 1, **kwargs):
+        super().__init__(**kwargs)
+        self.features = features
+        self.strides = strides
+        self.conv1 = StdConv(features, 1, name="conv1")
+        self.gn1 = group_norm("gn1")
+        self.conv2 = StdConv(features, 3, strides, name="conv2")
+        self.gn2 = group_norm("gn2")
+        self.conv3 = StdConv(4 * features, 1, name="conv3")
+        self.gn3 = group_norm("gn3", gamma_initializer="zeros")
+        self.conv_proj = self.gn_proj = None  # known at build: only if the shape changes
+
+    def _output_shape(self, input_shape, channels):
+        batch, height, width, _ = input_shape
+        height, width = (None if side is None else -(-side // self.strides)  # SAME: ceil
+                         for side in (height, width))
+        return (batch, height, width, channels)
+
+    def build(self, input_shape):
+        inner = (*input_shape[:3], self.features)
+        strided = self._output_shape(input_shape, self.features)
+        output = self._output_shape(input_shape, 4 * self.features)
+        if input_shape[-1] != 4 * self.features or self.strides != 1:
+            self.conv_proj = StdConv(4 * self.features, 1, self.strides, name="conv_proj")
+            self.gn_proj = group_norm("gn_proj")
+            self.conv_proj.build(input_shape)
+            self.gn_proj.build(output)
+        for layer, shape in ((self.conv1, input_shape), (self.gn1, inner), (self.conv2, inner),
+                             (self.gn2, strided), (self.conv3, strided), (self.gn3, output)):
+            layer.build(shape)
+
+    def call(self, x):
+        shortcut = x if self.conv_proj is None else self.gn_proj(self.conv_proj(x))
+        y = ops.relu(self.gn1(self.conv1(x)))
+        y = ops.relu(self.gn2(self.conv2(y)))
+        y = self.gn3(self.conv3(y))
+        return ops.relu(shortcut + y)
+
+    def compute_output_shape(self, input_shape):
+        return self._output_shape(input_shape, 4 * self.features)
+
+    def get_config(self):
+        return {**super().get_config(), "features": self.features, "strides": self.strides}
+
+
+def resnet_stem(images, stage_units: tuple[int, ...], width: int = 64):
+    """The root (7x7/2 StdConv, GroupNorm, ReLU, 3x3/2 max-pool) and the bottleneck stages;
+    stage i has width * 2**i features, and every stage after the first halves the map."""
+    x = StdConv(width, 7, 2, name="conv_root")(images)
+    x = group_norm("gn_root")(x)
+    x = keras.layers.ReLU(name="root_relu")(x)
+    x = keras.layers.MaxPooling2D(3, 2, padding="same", name="root_pool")(x)
+    for stage, units in enumerate(stage_units):
+        for unit in range(units):
+            strides = 2 if stage > 0 and unit == 0 else 1
+            x = ResidualUnit(width * 2**stage, strides,
+                             name=f"block{stage + 1}_unit{unit + 1}")(x)
+    return x

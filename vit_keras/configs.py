@@ -105,8 +105,8 @@ def parse_variant(name: str) -> ViTConfig:
     return ViTConfig(patch_size=int(patch), **SIZES[size])
 
 
-VARIANTS: dict[str, ViTConfig] = {name: parse_variant(name) for name in (*OFFICIAL,
-                                                                          *HYBRID_SHAPES)}
+VARIANTS: dict[str, ViTConfig] = {name: parse_variant(name)
+                                   for name in (*OFFICIAL, *HYBRID_SHAPES)}
 
 
 def get_config(variant: str | ViTConfig | dict) -> ViTConfig:

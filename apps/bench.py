@@ -66,6 +66,7 @@ def measure_keras(build, image_size, precision, batch, repeats, warmup):
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
         model = build()
+        params = model.count_params()
         x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
         x = x.astype("float32")
         y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
@@ -78,7 +79,7 @@ def measure_keras(build, image_size, precision, batch, repeats, warmup):
         keras.config.set_dtype_policy("float32")
         keras.backend.clear_session()
     return {"infer_images_s": batch / infer, "latency_ms": latency * 1000,
-            "train_images_s": batch / train}
+            "train_images_s": batch / train, "params": params}
 
 
 def measure_ours(config, image_size, *rest):
@@ -111,7 +112,8 @@ def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled
 
     return {"infer_images_s": batch / timed(lambda: infer(x), repeats, warmup),
             "latency_ms": timed(lambda: infer(x[:1]), repeats, warmup) * 1000,
-            "train_images_s": batch / timed(train, repeats, warmup)}
+            "train_images_s": batch / timed(train, repeats, warmup),
+            "params": sum(p.numel() for p in model.parameters())}
 
 
 def measure_keras_hub(config, image_size, *rest):

@@ -147,15 +147,21 @@ def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
         "filters"]
 
 
-def test_bench_smoke_runs_ours_and_timm(tmp_path):
+def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     import json
 
     from apps import bench
 
-    report = bench.main(["--smoke", "--peers", "timm", "--json", str(tmp_path / "bench.json")])
+    report = bench.main(["--smoke", "--peers", "timm", "keras-hub", "--json",
+                         str(tmp_path / "bench.json")])
+    assert report["peers"] == {"timm": True, "keras-hub": True}
     runs = {(r["implementation"], r["precision"]) for r in report["results"]}
-    assert runs == {(name, precision) for name in ("vit_keras", "timm")
+    assert runs == {(name, precision) for name in ("vit_keras", "timm", "keras-hub")
                     for precision in ("float32", "bfloat16")}
+    # The peers are built from our config: the same architecture, hence the same count.
+    config = bench.vk.ViTConfig(**bench.SMOKE_MODEL)
+    expected = bench.vk.vit(config, image_size=32, num_classes=1000).count_params()
+    assert {r["params"] for r in report["results"]} == {expected}
     for result in report["results"]:
         assert result["infer_images_s"] > 0 and result["train_images_s"] > 0
     assert report["pipeline_images_s"] > 0

@@ -300,6 +300,8 @@ class TransformerBlock(keras.layers.Layer):
     with dropout after attention and inside the MLP, and stochastic depth (drop_path_rate)
     on both residual branches. call(..., return_attention_scores=True) also returns the
     attention probabilities (batch, heads, tokens, tokens), from the same weights.
+    normed: LN(z) when the caller has it already (export folds the class token's row, which
+    does not depend on the image, into a constant).
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -332,8 +334,8 @@ class TransformerBlock(keras.layers.Layer):
         noise = keras.random.uniform((ops.shape(branch)[0], 1, 1), seed=self.seed_generator)
         return branch * ops.cast(noise < keep, branch.dtype) / keep
 
-    def call(self, x, training=None, return_attention_scores=False):
-        y = self.attention(self.norm_0(x), training=training,
+    def call(self, x, training=None, return_attention_scores=False, normed=None):
+        y = self.attention(self.norm_0(x) if normed is None else normed, training=training,
                            return_attention_scores=return_attention_scores)
         if return_attention_scores:
             y, scores = y

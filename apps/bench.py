@@ -1,5 +1,5 @@
 """Benchmarks our ViT against timm (PyTorch) and keras-hub in the same run: inference
-images/s (batch 32) and latency (batch 1), training images/s (batch 32), model GFLOPs and
+images/s (batch 32 by default) and latency (batch 1), training images/s, model GFLOPs and
 utilisation against the matmul peak measured here, and the main job's input pipeline.
 
 python -m apps.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfloat16]
@@ -61,8 +61,9 @@ def timed(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def measure_keras(build, image_size, precision, batch, repeats, warmup):
-    """Rates of a Keras classifier made by build() under the precision's dtype policy."""
+def measure_keras(build, image_size, precision, batch, repeats, warmup, train=True):
+    """Rates of a Keras classifier made by build() under the precision's dtype policy
+    (training None when not asked for)."""
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
         model = build()
@@ -74,20 +75,21 @@ def measure_keras(build, image_size, precision, batch, repeats, warmup):
                       keras.losses.CategoricalCrossentropy(from_logits=True))
         infer = timed(lambda: model.predict_on_batch(x), repeats, warmup)
         latency = timed(lambda: model.predict_on_batch(x[:1]), repeats, warmup)
-        train = timed(lambda: model.train_on_batch(x, y), repeats, warmup)
+        seconds = timed(lambda: model.train_on_batch(x, y), repeats, warmup) if train else None
     finally:
         keras.config.set_dtype_policy("float32")
         keras.backend.clear_session()
     return {"infer_images_s": batch / infer, "latency_ms": latency * 1000,
-            "train_images_s": batch / train, "params": params}
+            "train_images_s": batch / seconds if train else None, "params": params}
 
 
-def measure_ours(config, image_size, *rest):
+def measure_ours(config, image_size, *rest, **options):
     return measure_keras(lambda: vk.vit(config, image_size=image_size, num_classes=1000),
-                         image_size, *rest)
+                         image_size, *rest, **options)
 
 
-def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled=False):
+def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled=False,
+                 train=True):
     model = timm.models.vision_transformer.VisionTransformer(
         img_size=image_size, patch_size=config.patch_size, embed_dim=config.hidden_size,
         depth=config.num_layers, num_heads=config.num_heads,
@@ -103,7 +105,7 @@ def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled
         with torch.no_grad(), autocast():
             step_model.eval()(images)
 
-    def train():
+    def train_step():
         with autocast():
             loss = torch.nn.functional.cross_entropy(step_model.train()(x), y)
         optimizer.zero_grad()
@@ -112,11 +114,11 @@ def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled
 
     return {"infer_images_s": batch / timed(lambda: infer(x), repeats, warmup),
             "latency_ms": timed(lambda: infer(x[:1]), repeats, warmup) * 1000,
-            "train_images_s": batch / timed(train, repeats, warmup),
+            "train_images_s": batch / timed(train_step, repeats, warmup) if train else None,
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def measure_keras_hub(config, image_size, *rest):
+def measure_keras_hub(config, image_size, *rest, **options):
     import keras_hub
 
     def build():
@@ -128,7 +130,7 @@ def measure_keras_hub(config, image_size, *rest):
         pooled = backbone(inputs)[:, 0]
         return keras.Model(inputs, keras.layers.Dense(1000, dtype="float32")(pooled))
 
-    return measure_keras(build, image_size, *rest)
+    return measure_keras(build, image_size, *rest, **options)
 
 
 def matmul_peak(framework: str, precision: str, size: int, repeats: int) -> float:
@@ -175,18 +177,34 @@ def peers_available(names):
     return available
 
 
-def markdown(reports: list[dict]) -> str:
-    """README's performance table from one or more --json reports."""
-    rows = ["| backend | variant | px | precision | implementation | infer img/s (b32) | "
-            "latency ms (b1) | train img/s (b32) | GFLOP/img | % of matmul peak |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+def matmul_peak_for(report: dict, implementation: str, precision: str) -> float:
+    """The peak an implementation is held to: torch's matmul for timm, Keras' for the rest."""
+    framework = "torch" if implementation.startswith("timm") else f"keras-{report['backend']}"
+    return report["matmul_gflops"][f"{framework}-{precision}"]
+
+
+def _rate(value) -> str:
+    """Images/s with three significant figures for the slow rows, one decimal otherwise."""
+    if value is None:
+        return "not run"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def markdown(reports: list[dict], footer: bool = True) -> str:
+    """README's performance table from one or more --json reports (footer: their matmul
+    peaks and input pipeline rates)."""
+    rows = ["| backend | variant | px | batch | precision | implementation | infer img/s | "
+            "latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for report in reports:
         for r in report["results"]:
             rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
-                        f"{r['precision']} | {r['implementation']} | "
-                        f"{r['infer_images_s']:.1f} | {r['latency_ms']:.1f} | "
-                        f"{r['train_images_s']:.1f} | {r['gflops_per_image']:.2f} | "
+                        f"{report['batch']} | {r['precision']} | {r['implementation']} | "
+                        f"{_rate(r['infer_images_s'])} | {r['latency_ms']:.1f} | "
+                        f"{_rate(r['train_images_s'])} | {r['gflops_per_image']:.2f} | "
                         f"{r['infer_utilisation']:.0%} |")
+    if not footer:
+        return "\n".join(rows)
     peaks = "; ".join(f"{k} {v:.0f}" for report in reports
                       for k, v in report["matmul_gflops"].items())
     pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
@@ -203,6 +221,8 @@ def main(argv=None):
     parser.add_argument("--peers", nargs="*", default=["timm", "keras-hub"])
     parser.add_argument("--torch-compile", action="store_true",
                         help="also measure timm under torch.compile (slow to compile)")
+    parser.add_argument("--skip-training", action="store_true",
+                        help="inference only (for large models and resolutions)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", help="write the results here")
@@ -235,30 +255,31 @@ def main(argv=None):
             report["matmul_gflops"][f"torch-{precision}"] = matmul_peak(
                 "torch", precision, size, args.repeats)
     report["pipeline_images_s"] = pipeline_throughput(3 if args.smoke else 50)
+    options = {"train": not args.skip_training}
     for variant in args.variants:
         config, image_size = model_spec(variant, args.image_size)
         flops = forward_flops(config, image_size)
         for precision in args.precisions:
-            runs = [("vit_keras", measure_ours, {})]
+            runs = [("vit_keras", measure_ours, options)]
             if peers.get("timm") is True:
-                runs.append(("timm", measure_timm, {}))
+                runs.append(("timm", measure_timm, options))
                 if args.torch_compile:
-                    runs.append(("timm-compile", measure_timm, {"compiled": True}))
+                    runs.append(("timm-compile", measure_timm, {**options, "compiled": True}))
             if peers.get("keras-hub") is True:
-                runs.append(("keras-hub", measure_keras_hub, {}))
-            peak = report["matmul_gflops"][f"keras-{backend}-{precision}"]
+                runs.append(("keras-hub", measure_keras_hub, options))
             for name, measure, extra in runs:
                 result = measure(config, image_size, precision, args.batch, args.repeats,
                                  args.warmup, **extra)
                 result.update(implementation=name, variant=variant, image_size=image_size,
                               precision=precision, gflops_per_image=flops / 1e9,
                               infer_gflops_s=result["infer_images_s"] * flops / 1e9)
-                result["infer_utilisation"] = result["infer_gflops_s"] / peak
+                result["infer_utilisation"] = result["infer_gflops_s"] / matmul_peak_for(
+                    report, name, precision)
                 report["results"].append(result)
                 print(f"{variant:>6} {image_size:>3}px {precision:>8} {name:>12}: "
                       f"infer {result['infer_images_s']:8.1f} img/s, latency "
-                      f"{result['latency_ms']:7.1f} ms, train {result['train_images_s']:7.1f} "
-                      f"img/s, {result['infer_utilisation']:.0%} of {backend} matmul peak",
+                      f"{result['latency_ms']:7.1f} ms, train {_rate(result['train_images_s'])} "
+                      f"img/s, {result['infer_utilisation']:.0%} of its matmul peak",
                       flush=True)
     print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
     if args.json:

@@ -71,14 +71,19 @@ def export_block() -> str:
     return text
 
 
-def bench_block() -> str:
+def bench_block(folder: str = "bench", footer: bool = True) -> str:
     reports = [_json(os.path.relpath(p, DOCS))
-               for p in sorted(glob.glob(os.path.join(DOCS, "bench", "*.json")))]
-    return bench_table(reports)
+               for p in sorted(glob.glob(os.path.join(DOCS, folder, "*.json")))]
+    return bench_table(reports, footer)
+
+
+def bench_scaling_block() -> str:
+    return bench_block(os.path.join("bench", "scaling"), footer=False)
 
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
-          "export": export_block, "bench": bench_block}
+          "export": export_block, "bench": bench_block,
+          "benchscaling": bench_scaling_block}
 
 
 def render(readme: str) -> str:

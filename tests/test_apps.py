@@ -168,6 +168,17 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["backend"] == report["backend"]
 
 
+def test_bench_skip_training_measures_inference_only():
+    from apps import bench
+
+    report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
+                         "--skip-training"])
+    assert {r["implementation"] for r in report["results"]} == {"vit_keras", "timm"}
+    for result in report["results"]:
+        assert result["infer_images_s"] > 0 and result["train_images_s"] is None
+    assert "| not run |" in bench.markdown([report])
+
+
 def test_flop_count_matches_timm_figure():
     from apps import bench
 

@@ -11,6 +11,7 @@ unavailable. Medians over --repeats timed calls after --warmup untimed ones.
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -61,35 +62,29 @@ def timed(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def measure_keras(build, image_size, precision, batch, repeats, warmup, train=True):
-    """Rates of a Keras classifier made by build() under the precision's dtype policy
-    (training None when not asked for)."""
+def keras_runner(build, image_size, precision, batch) -> dict:
+    """A Keras classifier made by build() under the precision's dtype policy, and its calls."""
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
         model = build()
-        params = model.count_params()
-        x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
-        x = x.astype("float32")
-        y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
-        model.compile(keras.optimizers.Adam(1e-4),
-                      keras.losses.CategoricalCrossentropy(from_logits=True))
-        infer = timed(lambda: model.predict_on_batch(x), repeats, warmup)
-        latency = timed(lambda: model.predict_on_batch(x[:1]), repeats, warmup)
-        seconds = timed(lambda: model.train_on_batch(x, y), repeats, warmup) if train else None
     finally:
         keras.config.set_dtype_policy("float32")
-        keras.backend.clear_session()
-    return {"infer_images_s": batch / infer, "latency_ms": latency * 1000,
-            "train_images_s": batch / seconds if train else None, "params": params}
+    x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
+    x = x.astype("float32")
+    y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
+    model.compile(keras.optimizers.Adam(1e-4),
+                  keras.losses.CategoricalCrossentropy(from_logits=True))
+    return {"params": model.count_params(), "infer": lambda: model.predict_on_batch(x),
+            "latency": lambda: model.predict_on_batch(x[:1]),
+            "train": lambda: model.train_on_batch(x, y)}
 
 
-def measure_ours(config, image_size, *rest, **options):
-    return measure_keras(lambda: vk.vit(config, image_size=image_size, num_classes=1000),
-                         image_size, *rest, **options)
+def ours_runner(config, image_size, precision, batch):
+    return keras_runner(lambda: vk.vit(config, image_size=image_size, num_classes=1000),
+                        image_size, precision, batch)
 
 
-def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled=False,
-                 train=True):
+def timm_runner(config, image_size, precision, batch, compiled=False) -> dict:
     model = timm.models.vision_transformer.VisionTransformer(
         img_size=image_size, patch_size=config.patch_size, embed_dim=config.hidden_size,
         depth=config.num_layers, num_heads=config.num_heads,
@@ -112,13 +107,11 @@ def measure_timm(config, image_size, precision, batch, repeats, warmup, compiled
         loss.backward()
         optimizer.step()
 
-    return {"infer_images_s": batch / timed(lambda: infer(x), repeats, warmup),
-            "latency_ms": timed(lambda: infer(x[:1]), repeats, warmup) * 1000,
-            "train_images_s": batch / timed(train_step, repeats, warmup) if train else None,
-            "params": sum(p.numel() for p in model.parameters())}
+    return {"params": sum(p.numel() for p in model.parameters()),
+            "infer": lambda: infer(x), "latency": lambda: infer(x[:1]), "train": train_step}
 
 
-def measure_keras_hub(config, image_size, *rest, **options):
+def keras_hub_runner(config, image_size, precision, batch):
     import keras_hub
 
     def build():
@@ -130,7 +123,35 @@ def measure_keras_hub(config, image_size, *rest, **options):
         pooled = backbone(inputs)[:, 0]
         return keras.Model(inputs, keras.layers.Dense(1000, dtype="float32")(pooled))
 
-    return measure_keras(build, image_size, *rest, **options)
+    return keras_runner(build, image_size, precision, batch)
+
+
+def timed_in_turns(calls: dict, repeats: int, warmup: int) -> dict:
+    """Median seconds of each call, timed one call of each per round (the first rotating), so
+    that the shared machine's drift falls on every implementation alike."""
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    times = {name: [] for name in names}
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            started = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
+def measure_in_turns(runners: dict, batch, repeats, warmup, train=True) -> dict:
+    """Inference, batch-1 latency and (train) training rates of every runner, in turns."""
+    kinds = ["infer", "latency"] + (["train"] if train else [])
+    seconds = {kind: timed_in_turns({name: r[kind] for name, r in runners.items()}, repeats,
+                                    warmup) for kind in kinds}
+    return {name: {"params": r["params"], "infer_images_s": batch / seconds["infer"][name],
+                   "latency_ms": seconds["latency"][name] * 1000,
+                   "train_images_s": batch / seconds["train"][name] if train else None}
+            for name, r in runners.items()}
 
 
 def matmul_peak(framework: str, precision: str, size: int, repeats: int) -> float:
@@ -163,6 +184,40 @@ def pipeline_throughput(batches: int) -> float:
     for _ in range(batches):
         next(iterator)
     return batches * 128 / (time.perf_counter() - started)
+
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def backend_devices() -> list[str]:
+    """The devices the Keras backend computes on (torch's backend has no keras.distribution)."""
+    if keras.backend.backend() == "torch":
+        from torch import cuda
+
+        return [f"cuda:{i}" for i in range(cuda.device_count())] or ["cpu:0"]
+    return keras.distribution.list_devices()
+
+
+def describe_machine() -> dict:
+    """What the rates depend on: the CPU, its cores and vector extensions, memory, devices."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as file:
+            first_cpu = file.read().split("\n\n")[0]
+        info = dict(map(str.strip, line.split(":", 1)) for line in first_cpu.splitlines()
+                    if ":" in line)
+        cpu, flags = info.get("model name", cpu), set(info.get("flags", "").split())
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu": cpu, "logical_cores": os.cpu_count(),
+            "isa": [flag for flag in ISA_FLAGS if flag in flags],
+            "memory_gib": round(memory, 1), "devices": backend_devices(),
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+
+
+def machine_line(machine: dict) -> str:
+    isa = ", ".join(machine["isa"]) or "none of " + ", ".join(ISA_FLAGS)
+    return (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({isa}), "
+            f"{machine['memory_gib']:.0f} GiB, devices {', '.join(machine['devices'])}")
 
 
 def peers_available(names):
@@ -199,7 +254,7 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
     for report in reports:
         for r in report["results"]:
             rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
-                        f"{report['batch']} | {r['precision']} | {r['implementation']} | "
+                        f"{r['batch']} | {r['precision']} | {r['implementation']} | "
                         f"{_rate(r['infer_images_s'])} | {r['latency_ms']:.1f} | "
                         f"{_rate(r['train_images_s'])} | {r['gflops_per_image']:.2f} | "
                         f"{r['infer_utilisation']:.0%} |")
@@ -208,15 +263,19 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
     peaks = "; ".join(f"{k} {v:.0f}" for report in reports
                       for k, v in report["matmul_gflops"].items())
     pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
+    machines = "; ".join(sorted({machine_line(r["machine"]) for r in reports}))
     return "\n".join(rows) + (f"\n\nMatmul peak measured in the same runs (GFLOP/s): {peaks}. "
-                              f"Main job input pipeline alone (images/s): {pipeline}.")
+                              f"Main job input pipeline alone (images/s): {pipeline}. "
+                              f"Machine: {machines}.")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["Ti/16", "S/16", "B/16", "main"])
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+",
+                        help="inference and training batch sizes, 32 unless given (several: a "
+                             "scaling sweep)")
     parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--peers", nargs="*", default=["timm", "keras-hub"])
     parser.add_argument("--torch-compile", action="store_true",
@@ -239,14 +298,15 @@ def main(argv=None):
         print(markdown(reports))
         return reports
     if args.smoke:
-        args.variants, args.batch, args.repeats, args.warmup = ["smoke"], 2, 1, 1
+        args.variants, args.repeats, args.warmup = ["smoke"], 1, 1
+    args.batch = args.batch or ([2] if args.smoke else [32])
     backend = keras.backend.backend()
     peers = peers_available(args.peers)
     if peers.get("timm") is True and timm is None:
         peers["timm"] = "unavailable (timm or torch not importable)"
     size = 256 if args.smoke else 2048
-    report = {"machine": f"{platform.machine()}, {platform.processor() or 'cpu'}",
-              "backend": backend, "batch": args.batch, "peers": peers, "matmul_gflops": {},
+    report = {"machine": describe_machine(), "backend": backend, "peers": peers,
+              "matmul_gflops": {},
               "results": []}
     for precision in args.precisions:
         report["matmul_gflops"][f"keras-{backend}-{precision}"] = matmul_peak(
@@ -255,32 +315,36 @@ def main(argv=None):
             report["matmul_gflops"][f"torch-{precision}"] = matmul_peak(
                 "torch", precision, size, args.repeats)
     report["pipeline_images_s"] = pipeline_throughput(3 if args.smoke else 50)
-    options = {"train": not args.skip_training}
     for variant in args.variants:
         config, image_size = model_spec(variant, args.image_size)
         flops = forward_flops(config, image_size)
         for precision in args.precisions:
-            runs = [("vit_keras", measure_ours, options)]
-            if peers.get("timm") is True:
-                runs.append(("timm", measure_timm, options))
-                if args.torch_compile:
-                    runs.append(("timm-compile", measure_timm, {**options, "compiled": True}))
-            if peers.get("keras-hub") is True:
-                runs.append(("keras-hub", measure_keras_hub, options))
-            for name, measure, extra in runs:
-                result = measure(config, image_size, precision, args.batch, args.repeats,
-                                 args.warmup, **extra)
-                result.update(implementation=name, variant=variant, image_size=image_size,
-                              precision=precision, gflops_per_image=flops / 1e9,
-                              infer_gflops_s=result["infer_images_s"] * flops / 1e9)
-                result["infer_utilisation"] = result["infer_gflops_s"] / matmul_peak_for(
-                    report, name, precision)
-                report["results"].append(result)
-                print(f"{variant:>6} {image_size:>3}px {precision:>8} {name:>12}: "
-                      f"infer {result['infer_images_s']:8.1f} img/s, latency "
-                      f"{result['latency_ms']:7.1f} ms, train {_rate(result['train_images_s'])} "
-                      f"img/s, {result['infer_utilisation']:.0%} of its matmul peak",
-                      flush=True)
+            for batch in args.batch:
+                runners = {"vit_keras": ours_runner(config, image_size, precision, batch)}
+                if peers.get("timm") is True:
+                    runners["timm"] = timm_runner(config, image_size, precision, batch)
+                    if args.torch_compile:
+                        runners["timm-compile"] = timm_runner(config, image_size, precision,
+                                                              batch, compiled=True)
+                if peers.get("keras-hub") is True:
+                    runners["keras-hub"] = keras_hub_runner(config, image_size, precision, batch)
+                measured = measure_in_turns(runners, batch, args.repeats, args.warmup,
+                                            train=not args.skip_training)
+                del runners
+                keras.backend.clear_session()
+                for name, result in measured.items():
+                    result.update(implementation=name, variant=variant, image_size=image_size,
+                                  batch=batch, precision=precision,
+                                  gflops_per_image=flops / 1e9,
+                                  infer_gflops_s=result["infer_images_s"] * flops / 1e9)
+                    result["infer_utilisation"] = result["infer_gflops_s"] / matmul_peak_for(
+                        report, name, precision)
+                    report["results"].append(result)
+                    print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
+                          f"{name:>12}: infer {result['infer_images_s']:8.1f} img/s, latency "
+                          f"{result['latency_ms']:7.1f} ms, train "
+                          f"{_rate(result['train_images_s'])} img/s, "
+                          f"{result['infer_utilisation']:.0%} of its matmul peak", flush=True)
     print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
     if args.json:
         with open(args.json, "w") as file:

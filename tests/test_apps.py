@@ -165,7 +165,32 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     for result in report["results"]:
         assert result["infer_images_s"] > 0 and result["train_images_s"] > 0
     assert report["pipeline_images_s"] > 0
-    assert json.loads((tmp_path / "bench.json").read_text())["backend"] == report["backend"]
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["backend"] == report["backend"]
+    assert saved["machine"]["logical_cores"] == os.cpu_count()
+    assert saved["machine"]["devices"]
+
+
+def test_bench_times_implementations_in_turns_with_a_rotating_first():
+    from apps import bench
+
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    medians = bench.timed_in_turns(calls, repeats=3, warmup=1)
+    assert order == list("abc" "abc" "bca" "cab")
+    assert set(medians) == set("abc") and all(s >= 0 for s in medians.values())
+
+
+def test_bench_sweeps_batch_sizes():
+    from apps import bench
+
+    report = bench.main(["--smoke", "--peers", "--precisions", "float32", "--skip-training",
+                         "--batch", "1", "3"])
+    assert [(r["implementation"], r["batch"]) for r in report["results"]] == [
+        ("vit_keras", 1), ("vit_keras", 3)]
+    table = bench.markdown([report])
+    assert "| smoke | 32 | 1 | float32 | vit_keras |" in table
+    assert "| smoke | 32 | 3 | float32 | vit_keras |" in table
 
 
 def test_bench_skip_training_measures_inference_only():

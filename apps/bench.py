@@ -247,7 +247,7 @@ def _rate(value) -> str:
 
 def markdown(reports: list[dict], footer: bool = True) -> str:
     """README's performance table from one or more --json reports (footer: their matmul
-    peaks and input pipeline rates)."""
+    peaks, input pipeline rates and machines)."""
     rows = ["| backend | variant | px | batch | precision | implementation | infer img/s | "
             "latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -306,8 +306,7 @@ def main(argv=None):
         peers["timm"] = "unavailable (timm or torch not importable)"
     sizes = (128, 256) if args.smoke else (1024, 2048, 3072)
     report = {"machine": describe_machine(), "backend": backend, "peers": peers,
-              "matmul_gflops": {},
-              "results": []}
+              "matmul_gflops": {}, "results": []}
     for precision in args.precisions:
         report["matmul_gflops"][f"keras-{backend}-{precision}"] = matmul_peak(
             "keras", precision, sizes, args.repeats)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes README's Performance tables (docs/bench/): per backend, Ti/16 and the main job's model
 # at batch 32 with training; then B/16 inference at 224 px across batch sizes and at 384 px.
-# timm runs once, beside TensorFlow (it does not depend on the Keras backend). About 40
+# timm runs once, beside TensorFlow (it does not depend on the Keras backend). About 35
 # minutes on the 2-core CI machine; run it with nothing else busy.
 set -euo pipefail
 cd "$(dirname "$0")/.."

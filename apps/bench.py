@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 
 import vit_keras as vk  # noqa: E402
 from apps.train import MAIN_JOB_MODEL  # noqa: E402
+from vit_keras import training  # noqa: E402
 
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 
@@ -52,26 +53,41 @@ def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000
     return 2.0 * (macs + d * num_classes)
 
 
-def keras_runner(build, image_size, precision, batch) -> dict:
+def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dict:
     """A Keras classifier made by build() under the precision's dtype policy, and its calls."""
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
         model = build()
         model.compile(keras.optimizers.Adam(1e-4),
-                      keras.losses.CategoricalCrossentropy(from_logits=True))
+                      keras.losses.CategoricalCrossentropy(from_logits=True),
+                      jit_compile=jit_compile)
     finally:
         keras.config.set_dtype_policy("float32")
     x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
     x = x.astype("float32")
     y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
-    return {"params": model.count_params(), "infer": lambda: model.predict_on_batch(x),
+    return {"params": model.count_params(), "jit_compile": model.jit_compile,
+            "infer": lambda: model.predict_on_batch(x),
             "latency": lambda: model.predict_on_batch(x[:1]),
             "train": lambda: model.train_on_batch(x, y)}
 
 
-def ours_runner(config, image_size, precision, batch):
+def ours_runner(config, image_size, precision, batch, jit_compile=None):
+    """Compiled as our training recipes compile unless jit_compile is given; keras-hub gets
+    Keras' "auto", what its users get without flags."""
     return keras_runner(lambda: vk.vit(config, image_size=image_size, num_classes=1000),
-                        image_size, precision, batch)
+                        image_size, precision, batch,
+                        training.default_jit_compile() if jit_compile is None else jit_compile)
+
+
+def keras_auto_skips_xla() -> bool:
+    """Whether Keras' jit_compile="auto" leaves XLA off where our default turns it on: on
+    TensorFlow without an accelerator (then the benchmark also times us without XLA)."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return all(device.device_type == "CPU" for device in tf.config.list_physical_devices())
 
 
 def timm_runner(config, image_size, precision, batch, compiled=False) -> dict:
@@ -97,7 +113,7 @@ def timm_runner(config, image_size, precision, batch, compiled=False) -> dict:
         loss.backward()
         optimizer.step()
 
-    return {"params": sum(p.numel() for p in model.parameters()),
+    return {"params": sum(p.numel() for p in model.parameters()), "jit_compile": compiled,
             "infer": lambda: infer(x), "latency": lambda: infer(x[:1]), "train": train_step}
 
 
@@ -138,7 +154,8 @@ def measure_in_turns(runners: dict, batch, repeats, warmup, train=True) -> dict:
     kinds = ["infer", "latency"] + (["train"] if train else [])
     seconds = {kind: timed_in_turns({name: r[kind] for name, r in runners.items()}, repeats,
                                     warmup) for kind in kinds}
-    return {name: {"params": r["params"], "infer_images_s": batch / seconds["infer"][name],
+    return {name: {"params": r["params"], "jit_compile": r["jit_compile"],
+                   "infer_images_s": batch / seconds["infer"][name],
                    "latency_ms": seconds["latency"][name] * 1000,
                    "train_images_s": batch / seconds["train"][name] if train else None}
             for name, r in runners.items()}
@@ -171,7 +188,7 @@ def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> float:
 
 def pipeline_throughput(batches: int) -> float:
     """Images/s the main job's training pipeline delivers on its own."""
-    from vit_keras import data, training
+    from vit_keras import data
 
     images = np.random.default_rng(0).integers(0, 256, (8192, 28, 28, 1), dtype=np.uint8)
     recipe = training.RECIPES["fashion_mnist"]
@@ -320,6 +337,9 @@ def main(argv=None):
         for precision in args.precisions:
             for batch in args.batch:
                 runners = {"vit_keras": ours_runner(config, image_size, precision, batch)}
+                if keras_auto_skips_xla():
+                    runners["vit_keras-no-xla"] = ours_runner(config, image_size, precision,
+                                                              batch, jit_compile=False)
                 if peers.get("timm") is True:
                     runners["timm"] = timm_runner(config, image_size, precision, batch)
                     if args.torch_compile:

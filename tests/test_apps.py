@@ -1,6 +1,7 @@
 import os
 from pathlib import Path
 
+import keras
 import pytest
 
 from apps.variants import pretrained_table, variant_table
@@ -147,6 +148,16 @@ def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
         "filters"]
 
 
+def tf_cpu_only() -> bool:
+    """TensorFlow without an accelerator: where Keras' "auto" leaves XLA off and the benchmark
+    also times our model that way."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not tf.config.list_physical_devices("GPU") + tf.config.list_physical_devices("TPU")
+
+
 def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     import json
 
@@ -156,8 +167,15 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
                          str(tmp_path / "bench.json")])
     assert report["peers"] == {"timm": True, "keras-hub": True}
     runs = {(r["implementation"], r["precision"]) for r in report["results"]}
-    assert runs == {(name, precision) for name in ("vit_keras", "timm", "keras-hub")
-                    for precision in ("float32", "bfloat16")}
+    names = ["vit_keras", "timm", "keras-hub"] + (["vit_keras-no-xla"] if tf_cpu_only() else [])
+    assert runs == {(name, precision) for name in names for precision in ("float32", "bfloat16")}
+    # XLA: ours on TensorFlow and JAX, keras-hub where Keras' "auto" chooses it; timm eager.
+    xla_by_default = keras.backend.backend() in ("tensorflow", "jax")
+    expected_jit = {"vit_keras": xla_by_default, "vit_keras-no-xla": False, "timm": False,
+                    "keras-hub": keras.backend.backend() == "jax" or (xla_by_default and
+                                                                       not tf_cpu_only())}
+    assert {r["implementation"]: r["jit_compile"] for r in report["results"]} == {
+        name: expected_jit[name] for name in names}
     # The peers are built from our config: the same architecture, hence the same count.
     config = bench.vk.ViTConfig(**bench.SMOKE_MODEL)
     expected = bench.vk.vit(config, image_size=32, num_classes=1000).count_params()
@@ -186,8 +204,9 @@ def test_bench_sweeps_batch_sizes():
 
     report = bench.main(["--smoke", "--peers", "--precisions", "float32", "--skip-training",
                          "--batch", "1", "3"])
+    ours = ["vit_keras"] + (["vit_keras-no-xla"] if tf_cpu_only() else [])
     assert [(r["implementation"], r["batch"]) for r in report["results"]] == [
-        ("vit_keras", 1), ("vit_keras", 3)]
+        (name, batch) for batch in (1, 3) for name in ours]
     table = bench.markdown([report])
     assert "| smoke | 32 | 1 | float32 | vit_keras |" in table
     assert "| smoke | 32 | 3 | float32 | vit_keras |" in table
@@ -198,7 +217,8 @@ def test_bench_skip_training_measures_inference_only():
 
     report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
                          "--skip-training"])
-    assert {r["implementation"] for r in report["results"]} == {"vit_keras", "timm"}
+    assert {r["implementation"] for r in report["results"]} - {"vit_keras-no-xla"} == {
+        "vit_keras", "timm"}
     for result in report["results"]:
         assert result["infer_images_s"] > 0 and result["train_images_s"] is None
     assert "| not run |" in bench.markdown([report])

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vit_keras as vk
-from tests.conftest import TINY, images
+from tests.conftest import TINY, images, randomize
 from vit_keras import training
 
 ROOT = Path(__file__).parents[1]
@@ -63,6 +63,37 @@ def test_gradient_accumulation_equals_one_big_batch():
     for a, b in zip(*results, strict=True):
         np.testing.assert_allclose(a, b, atol=2e-5)
     assert any(not np.allclose(w, 0.05) for w in results[0])
+
+
+def test_default_compilation_trains_like_the_uncompiled_reference():
+    """The fast default (XLA on TensorFlow and JAX) against jit_compile=False: same loss, same
+    weights after two AdamW steps with dropout off."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    y = np.eye(3)[rng.integers(0, 3, 4)].astype("float32")
+    recipe = training.Recipe("adamw", 1e-2, "linear", 0, weight_decay=0.1)
+    start = randomize(vk.vit(TINY, image_size=32, num_classes=3), seed=3).get_weights()
+    losses, weights = [], []
+    for jit_compile in (None, False):
+        model = vk.vit(TINY, image_size=32, num_classes=3)
+        model.set_weights(start)
+        training.compile_model(model, recipe, total_steps=10**9, jit_compile=jit_compile)
+        losses.append([model.train_on_batch(x, y)[0] for _ in range(2)])
+        weights.append(model.get_weights())
+    if keras.backend.backend() == "tensorflow":
+        assert training.default_jit_compile() is True
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    for fast, reference in zip(*weights, strict=True):
+        np.testing.assert_allclose(fast, reference, atol=1e-5)
+    assert not np.allclose(weights[0][0], start[0])
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.distribute only")
+def test_no_xla_by_default_under_a_distribution_strategy():
+    import tensorflow as tf
+
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        assert training.default_jit_compile() == "auto"
 
 
 def test_history_file_keeps_one_row_per_epoch(tmp_path):

@@ -131,7 +131,9 @@ def default_jit_compile() -> bool | str:
 def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
                   learning_rate: float | None = None, jit_compile: bool | str | None = None,
                   steps_per_execution: int = 1) -> keras.Model:
-    """model.compile for the recipe; jit_compile None means default_jit_compile()."""
+    """model.compile for the recipe. jit_compile None: Keras' "auto", then XLA where
+    default_jit_compile() asks for it, set after compiling so that a saved .keras holds what
+    Keras' "auto" chose (True, loaded with compile=True on PyTorch, would mean torch.compile)."""
     model.compile(
         optimizer=make_optimizer(recipe, model, total_steps, learning_rate),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True,
@@ -140,9 +142,11 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
                  # k can be at most the class count (PyTorch's topk refuses more)
                  keras.metrics.TopKCategoricalAccuracy(k=min(5, model.output.shape[-1]),
                                                        name="top5")],
-        jit_compile=default_jit_compile() if jit_compile is None else jit_compile,
+        jit_compile="auto" if jit_compile is None else jit_compile,
         steps_per_execution=steps_per_execution,
     )
+    if jit_compile is None and default_jit_compile() is True:
+        model.jit_compile = True
     return model
 
 

@@ -72,10 +72,12 @@ def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dic
             "train": lambda: model.train_on_batch(x, y)}
 
 
-def ours_runner(config, image_size, precision, batch, jit_compile=None):
+def ours_runner(config, image_size, precision, batch, jit_compile=None, approximate_gelu=True):
     """Compiled as our training recipes compile unless jit_compile is given; keras-hub gets
-    Keras' "auto", what its users get without flags."""
-    return keras_runner(lambda: vk.vit(config, image_size=image_size, num_classes=1000),
+    Keras' "auto", what its users get without flags. approximate_gelu=False: the exact GELU
+    that timm and keras-hub compute, for a like-for-like comparison."""
+    return keras_runner(lambda: vk.vit(config, image_size=image_size, num_classes=1000,
+                                       approximate_gelu=approximate_gelu),
                         image_size, precision, batch,
                         training.default_jit_compile() if jit_compile is None else jit_compile)
 
@@ -149,16 +151,26 @@ def timed_in_turns(calls: dict, repeats: int, warmup: int) -> dict:
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
-def measure_in_turns(runners: dict, batch, repeats, warmup, train=True) -> dict:
-    """Inference, batch-1 latency and (train) training rates of every runner, in turns."""
+def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=None):
+    """Inference, batch-1 latency and (train) training rates of every runner, in turns; and the
+    GFLOP/s of each square matmul in matmuls ({framework: (call, flop)}), timed in the
+    inference turns so that utilisation divides rates measured side by side."""
+    matmuls = matmuls or {}
     kinds = ["infer", "latency"] + (["train"] if train else [])
-    seconds = {kind: timed_in_turns({name: r[kind] for name, r in runners.items()}, repeats,
-                                    warmup) for kind in kinds}
-    return {name: {"params": r["params"], "jit_compile": r["jit_compile"],
-                   "infer_images_s": batch / seconds["infer"][name],
-                   "latency_ms": seconds["latency"][name] * 1000,
-                   "train_images_s": batch / seconds["train"][name] if train else None}
-            for name, r in runners.items()}
+    seconds = {}
+    for kind in kinds:
+        calls = {name: r[kind] for name, r in runners.items()}
+        if kind == "infer":
+            calls.update({f"matmul-{framework}": call for framework, (call, _) in matmuls.items()})
+        seconds[kind] = timed_in_turns(calls, repeats, warmup)
+    results = {name: {"params": r["params"], "jit_compile": r["jit_compile"],
+                      "infer_images_s": batch / seconds["infer"][name],
+                      "latency_ms": seconds["latency"][name] * 1000,
+                      "train_images_s": batch / seconds["train"][name] if train else None}
+               for name, r in runners.items()}
+    peaks = {framework: flop / seconds["infer"][f"matmul-{framework}"] / 1e9
+             for framework, (_, flop) in matmuls.items()}
+    return results, peaks
 
 
 def square_matmul(framework: str, precision: str, size: int):
@@ -171,18 +183,18 @@ def square_matmul(framework: str, precision: str, size: int):
     return lambda: a @ a
 
 
-def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> float:
-    """GFLOP/s of the fastest square matmul call over several sizes: the machine's practical
-    peak for that framework (one size alone can dip: TensorFlow's 2048 ran ~20% below its
-    1024 and 3072 here)."""
-    best = 0.0
+def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> tuple[float, int]:
+    """GFLOP/s of the fastest square matmul call over several sizes, and that size: the
+    machine's practical peak for that framework (one size alone can dip: TensorFlow's 2048 ran
+    ~20% below its 1024 and 3072 here)."""
+    best = (0.0, sizes[0])
     for size in sizes:
         call = square_matmul(framework, precision, size)
         call()
         for _ in range(repeats):
             started = time.perf_counter()
             call()
-            best = max(best, 2 * size**3 / (time.perf_counter() - started) / 1e9)
+            best = max(best, (2 * size**3 / (time.perf_counter() - started) / 1e9, size))
     return best
 
 
@@ -249,10 +261,9 @@ def peers_available(names):
     return available
 
 
-def matmul_peak_for(report: dict, implementation: str, precision: str) -> float:
-    """The peak an implementation is held to: torch's matmul for timm, Keras' for the rest."""
-    framework = "torch" if implementation.startswith("timm") else f"keras-{report['backend']}"
-    return report["matmul_gflops"][f"{framework}-{precision}"]
+def matmul_key(backend: str, framework: str, precision: str) -> str:
+    """The report's name for a matmul peak: Keras' on this backend, or torch's (timm's)."""
+    return f"keras-{backend}-{precision}" if framework == "keras" else f"torch-{precision}"
 
 
 def _rate(value) -> str:
@@ -263,8 +274,8 @@ def _rate(value) -> str:
 
 
 def markdown(reports: list[dict], footer: bool = True) -> str:
-    """README's performance table from one or more --json reports (footer: their matmul
-    peaks, input pipeline rates and machines)."""
+    """README's performance table from one or more --json reports (footer: how utilisation
+    is measured, the matmul sweeps, input pipeline rates and machines)."""
     rows = ["| backend | variant | px | batch | precision | implementation | infer img/s | "
             "latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -281,9 +292,11 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
                       for k, v in report["matmul_gflops"].items())
     pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
     machines = "; ".join(sorted({machine_line(r["machine"]) for r in reports}))
-    return "\n".join(rows) + (f"\n\nMatmul peak measured in the same runs (GFLOP/s): {peaks}. "
-                              f"Main job input pipeline alone (images/s): {pipeline}. "
-                              f"Machine: {machines}.")
+    return "\n".join(rows) + (
+        "\n\n% of matmul peak: inference GFLOP/s over the median GFLOP/s of a square matmul "
+        "timed in the same turns (torch's for timm, the backend's for the rest). Its size is "
+        f"the fastest of a sweep at each run's start, which measured (GFLOP/s): {peaks}. "
+        f"Main job input pipeline alone (images/s): {pipeline}. Machine: {machines}.")
 
 
 def main(argv=None):
@@ -296,7 +309,12 @@ def main(argv=None):
     parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--peers", nargs="*", default=["timm", "keras-hub"])
     parser.add_argument("--torch-compile", action="store_true",
-                        help="also measure timm under torch.compile (slow to compile)")
+                        help="also measure timm under torch.compile, and on the torch backend "
+                             "our model with jit_compile=True (Keras' torch.compile; slow to "
+                             "compile)")
+    parser.add_argument("--exact-gelu", action="store_true",
+                        help="also measure our model with the exact (erf) GELU of timm and "
+                             "keras-hub instead of the official checkpoints' tanh GELU")
     parser.add_argument("--skip-training", action="store_true",
                         help="inference only (for large models and resolutions)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -323,23 +341,32 @@ def main(argv=None):
         peers["timm"] = "unavailable (timm or torch not importable)"
     sizes = (128, 256) if args.smoke else (1024, 2048, 3072)
     report = {"machine": describe_machine(), "backend": backend, "peers": peers,
-              "matmul_gflops": {}, "results": []}
+              "matmul_gflops": {}, "matmul_size": {}, "results": []}
+    frameworks = ["keras"] + (["torch"] if peers.get("timm") is True else [])
     for precision in args.precisions:
-        report["matmul_gflops"][f"keras-{backend}-{precision}"] = matmul_peak(
-            "keras", precision, sizes, args.repeats)
-        if peers.get("timm") is True:
-            report["matmul_gflops"][f"torch-{precision}"] = matmul_peak(
-                "torch", precision, sizes, args.repeats)
+        for framework in frameworks:
+            key = matmul_key(backend, framework, precision)
+            report["matmul_gflops"][key], report["matmul_size"][key] = matmul_peak(
+                framework, precision, sizes, args.repeats)
     report["pipeline_images_s"] = pipeline_throughput(3 if args.smoke else 50)
     for variant in args.variants:
         config, image_size = model_spec(variant, args.image_size)
         flops = forward_flops(config, image_size)
         for precision in args.precisions:
+            matmul_sizes = {framework: report["matmul_size"][matmul_key(backend, framework,
+                                                                        precision)]
+                            for framework in frameworks}
             for batch in args.batch:
                 runners = {"vit_keras": ours_runner(config, image_size, precision, batch)}
                 if keras_auto_skips_xla():
                     runners["vit_keras-no-xla"] = ours_runner(config, image_size, precision,
                                                               batch, jit_compile=False)
+                if args.exact_gelu:
+                    runners["vit_keras-erf-gelu"] = ours_runner(
+                        config, image_size, precision, batch, approximate_gelu=False)
+                if args.torch_compile and backend == "torch":
+                    runners["vit_keras-torch-compile"] = ours_runner(
+                        config, image_size, precision, batch, jit_compile=True)
                 if peers.get("timm") is True:
                     runners["timm"] = timm_runner(config, image_size, precision, batch)
                     if args.torch_compile:
@@ -347,23 +374,28 @@ def main(argv=None):
                                                               batch, compiled=True)
                 if peers.get("keras-hub") is True:
                     runners["keras-hub"] = keras_hub_runner(config, image_size, precision, batch)
-                measured = measure_in_turns(runners, batch, args.repeats, args.warmup,
-                                            train=not args.skip_training)
-                del runners
+                matmuls = {framework: (square_matmul(framework, precision, size), 2 * size**3)
+                           for framework, size in matmul_sizes.items()}
+                measured, peaks = measure_in_turns(runners, batch, args.repeats, args.warmup,
+                                                   train=not args.skip_training, matmuls=matmuls)
+                del runners, matmuls
                 keras.backend.clear_session()
                 for name, result in measured.items():
+                    framework = "torch" if name.startswith("timm") else "keras"
                     result.update(implementation=name, variant=variant, image_size=image_size,
                                   batch=batch, precision=precision,
                                   gflops_per_image=flops / 1e9,
-                                  infer_gflops_s=result["infer_images_s"] * flops / 1e9)
-                    result["infer_utilisation"] = result["infer_gflops_s"] / matmul_peak_for(
-                        report, name, precision)
+                                  infer_gflops_s=result["infer_images_s"] * flops / 1e9,
+                                  matmul_gflops_s=peaks[framework])
+                    result["infer_utilisation"] = (result["infer_gflops_s"]
+                                                   / result["matmul_gflops_s"])
                     report["results"].append(result)
                     print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
                           f"{name:>12}: infer {result['infer_images_s']:8.1f} img/s, latency "
                           f"{result['latency_ms']:7.1f} ms, train "
                           f"{_rate(result['train_images_s'])} img/s, "
-                          f"{result['infer_utilisation']:.0%} of its matmul peak", flush=True)
+                          f"{result['infer_utilisation']:.0%} of its matmul peak "
+                          f"({peaks[framework]:.0f} GFLOP/s alongside)", flush=True)
     print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
     if args.json:
         with open(args.json, "w") as file:

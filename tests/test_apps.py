@@ -182,6 +182,17 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     assert {r["params"] for r in report["results"]} == {expected}
     for result in report["results"]:
         assert result["infer_images_s"] > 0 and result["train_images_s"] > 0
+        # Utilisation is against the matmul timed beside it: torch's for timm.
+        framework = "torch" if result["implementation"] == "timm" else "keras"
+        alongside = {r["matmul_gflops_s"] for r in report["results"]
+                     if r["precision"] == result["precision"]
+                     and (r["implementation"] == "timm") == (framework == "torch")}
+        assert len(alongside) == 1 and result["matmul_gflops_s"] > 0
+        assert result["infer_utilisation"] == pytest.approx(
+            result["infer_images_s"] * result["gflops_per_image"] / result["matmul_gflops_s"])
+    assert set(report["matmul_size"]) == set(report["matmul_gflops"]) == {
+        f"{framework}-{precision}" for framework in (f"keras-{keras.backend.backend()}", "torch")
+        for precision in ("float32", "bfloat16")}
     assert report["pipeline_images_s"] > 0
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["backend"] == report["backend"]
@@ -197,6 +208,63 @@ def test_bench_times_implementations_in_turns_with_a_rotating_first():
     medians = bench.timed_in_turns(calls, repeats=3, warmup=1)
     assert order == list("abc" "abc" "bca" "cab")
     assert set(medians) == set("abc") and all(s >= 0 for s in medians.values())
+
+
+def test_bench_times_the_matmul_peak_in_the_inference_turns():
+    import time
+
+    from apps import bench
+
+    order = []
+    runners = {name: {"params": 1, "jit_compile": False,
+                      "infer": lambda name=name: order.append(name),
+                      "latency": lambda: None, "train": lambda: None} for name in "ab"}
+
+    def matmul():
+        order.append("matmul-keras")
+        time.sleep(0.02)
+
+    measured, peaks = bench.measure_in_turns(runners, batch=4, repeats=3, warmup=0,
+                                             matmuls={"keras": (matmul, 1e9)})
+    assert order == ["a", "b", "matmul-keras", "b", "matmul-keras", "a", "matmul-keras", "a", "b"]
+    # 1e9 FLOP in no less than 0.02 s: at most 50 GFLOP/s (a loaded machine sleeps longer).
+    assert 10 < peaks["keras"] <= 50
+    assert set(measured) == {"a", "b"}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
+def test_bench_torch_compile_times_our_compiled_model_which_predicts_like_eager():
+    import json
+    import subprocess
+    import sys
+
+    # A fresh process: torch._dynamo loaded after TensorFlow (which this one has) segfaults.
+    code = """if True:
+        import json
+        import numpy as np
+        from apps import bench
+        vk, keras = bench.vk, bench.keras
+        model = vk.vit(vk.ViTConfig(**bench.SMOKE_MODEL), image_size=32, include_top=False)
+        x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+        model.compile(jit_compile=False)
+        eager = model.predict_on_batch(x)
+        model.compile(jit_compile=True)
+        compiled = model.predict_on_batch(x)
+        report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
+                             "--skip-training", "--torch-compile"])
+        print(json.dumps({"error": float(np.abs(eager - compiled).max()),
+                          "spread": float(np.abs(eager).max()),
+                          "jit": {r["implementation"]: r["jit_compile"]
+                                  for r in report["results"]}}))
+    """
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["spread"] > 0.1 and found["error"] < 1e-5
+    assert found["jit"] == {"vit_keras": False, "vit_keras-torch-compile": True, "timm": False,
+                            "timm-compile": True}
 
 
 def test_bench_sweeps_batch_sizes():
@@ -216,9 +284,9 @@ def test_bench_skip_training_measures_inference_only():
     from apps import bench
 
     report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
-                         "--skip-training"])
+                         "--skip-training", "--exact-gelu"])
     assert {r["implementation"] for r in report["results"]} - {"vit_keras-no-xla"} == {
-        "vit_keras", "timm"}
+        "vit_keras", "vit_keras-erf-gelu", "timm"}
     for result in report["results"]:
         assert result["infer_images_s"] > 0 and result["train_images_s"] is None
     assert "| not run |" in bench.markdown([report])

@@ -4,8 +4,8 @@
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
-# the others fuse them under XLA). About 80 minutes on the 2-core CI machine; run it with nothing
-# else busy.
+# the others fuse them under XLA). About 80 minutes on the 2-core CI machine; run it with
+# nothing else busy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python

@@ -243,7 +243,7 @@ def test_bench_torch_compile_times_our_compiled_model_which_predicts_like_eager(
         import json
         import numpy as np
         from apps import bench
-        vk, keras = bench.vk, bench.keras
+        vk = bench.vk
         model = vk.vit(vk.ViTConfig(**bench.SMOKE_MODEL), image_size=32, include_top=False)
         x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
         model.compile(jit_compile=False)

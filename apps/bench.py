@@ -6,12 +6,14 @@ python -m apps.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfl
                      [--batch 32 ...] [--peers timm keras-hub] [--json bench.json] [--smoke]
 
 Run it once per backend (KERAS_BACKEND=...); peers that are not installed are reported as
-unavailable. Medians over --repeats timed calls after --warmup untimed ones, the
-implementations taking turns call by call.
+unavailable. Medians over --repeats timed samples after --warmup untimed calls, the
+implementations taking turns sample by sample; a sample repeats a fast call for --min-sample
+seconds.
 """
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -134,24 +136,39 @@ def keras_hub_runner(config, image_size, precision, batch):
     return keras_runner(build, image_size, precision, batch)
 
 
-def timed_in_turns(calls: dict, repeats: int, warmup: int) -> dict:
-    """Median seconds of each call, timed one call of each per round (the first rotating), so
-    that the shared machine's drift falls on every implementation alike."""
+def timed(call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def timed_in_turns(calls: dict, repeats: int, warmup: int, min_sample_s: float = 0.0) -> dict:
+    """Median seconds of each call, timed one sample of each per round (the first rotating), so
+    that the shared machine's drift falls on every implementation alike. A sample repeats a
+    fast call until it lasts about min_sample_s (counted from one untimed call after the
+    warmup): single calls of a few milliseconds are at the mercy of the scheduler's jitter."""
     names = list(calls)
     for _ in range(warmup):
         for name in names:
             calls[name]()
+    calls_per_sample = dict.fromkeys(names, 1)
+    if min_sample_s:
+        for name in names:
+            once = max(timed(calls[name]), 1e-6)
+            calls_per_sample[name] = max(1, math.ceil(min_sample_s / once))
     times = {name: [] for name in names}
     for round_ in range(repeats):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             started = time.perf_counter()
-            calls[name]()
-            times[name].append(time.perf_counter() - started)
+            for _ in range(calls_per_sample[name]):
+                calls[name]()
+            times[name].append((time.perf_counter() - started) / calls_per_sample[name])
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
-def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=None):
+def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=None,
+                     min_sample_s=0.0):
     """Inference, batch-1 latency and (train) training rates of every runner, in turns; and the
     GFLOP/s of each square matmul in matmuls ({framework: (call, flop)}), timed in the
     inference turns so that utilisation divides rates measured side by side."""
@@ -162,7 +179,7 @@ def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=
         calls = {name: r[kind] for name, r in runners.items()}
         if kind == "infer":
             calls.update({f"matmul-{framework}": call for framework, (call, _) in matmuls.items()})
-        seconds[kind] = timed_in_turns(calls, repeats, warmup)
+        seconds[kind] = timed_in_turns(calls, repeats, warmup, min_sample_s)
     results = {name: {"params": r["params"], "jit_compile": r["jit_compile"],
                       "infer_images_s": batch / seconds["infer"][name],
                       "latency_ms": seconds["latency"][name] * 1000,
@@ -184,18 +201,17 @@ def square_matmul(framework: str, precision: str, size: int):
 
 
 def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> tuple[float, int]:
-    """GFLOP/s of the fastest square matmul call over several sizes, and that size: the
-    machine's practical peak for that framework (one size alone can dip: TensorFlow's 2048 ran
-    ~20% below its 1024 and 3072 here)."""
-    best = (0.0, sizes[0])
+    """The median GFLOP/s of square matmuls at the size where that median is highest, and that
+    size: the machine's practical peak for that framework (one size alone can dip: TensorFlow's
+    2048 ran ~20% below its 1024 and 3072 here). Medians, because one fast call had chosen a
+    size that then ran at two thirds of the others beside the models."""
+    rates = {}
     for size in sizes:
         call = square_matmul(framework, precision, size)
         call()
-        for _ in range(repeats):
-            started = time.perf_counter()
-            call()
-            best = max(best, (2 * size**3 / (time.perf_counter() - started) / 1e9, size))
-    return best
+        rates[size] = 2 * size**3 / statistics.median(timed(call) for _ in range(repeats)) / 1e9
+    size = max(rates, key=rates.get)
+    return rates[size], size
 
 
 def pipeline_throughput(batches: int) -> float:
@@ -294,8 +310,8 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
     machines = "; ".join(sorted({machine_line(r["machine"]) for r in reports}))
     return "\n".join(rows) + (
         "\n\n% of matmul peak: inference GFLOP/s over the median GFLOP/s of a square matmul "
-        "timed in the same turns (torch's for timm, the backend's for the rest). Its size is "
-        f"the fastest of a sweep at each run's start, which measured (GFLOP/s): {peaks}. "
+        "timed in the same turns (torch's for timm, the backend's for the rest). Its size was "
+        f"chosen by a sweep at each run's start, which measured (GFLOP/s): {peaks}. "
         f"Main job input pipeline alone (images/s): {pipeline}. Machine: {machines}.")
 
 
@@ -319,6 +335,9 @@ def main(argv=None):
                         help="inference only (for large models and resolutions)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--min-sample", type=float, default=0.5,
+                        help="seconds a timed sample lasts at least: a faster call is repeated "
+                             "within it (the main job's model infers a batch in ~15 ms)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model, batch 2, one repetition: checks the benchmark runs")
@@ -333,7 +352,7 @@ def main(argv=None):
         print(markdown(reports))
         return reports
     if args.smoke:
-        args.variants, args.repeats, args.warmup = ["smoke"], 1, 1
+        args.variants, args.repeats, args.warmup, args.min_sample = ["smoke"], 1, 1, 0.01
     args.batch = args.batch or ([2] if args.smoke else [32])
     backend = keras.backend.backend()
     peers = peers_available(args.peers)
@@ -377,7 +396,8 @@ def main(argv=None):
                 matmuls = {framework: (square_matmul(framework, precision, size), 2 * size**3)
                            for framework, size in matmul_sizes.items()}
                 measured, peaks = measure_in_turns(runners, batch, args.repeats, args.warmup,
-                                                   train=not args.skip_training, matmuls=matmuls)
+                                                   train=not args.skip_training, matmuls=matmuls,
+                                                   min_sample_s=args.min_sample)
                 del runners, matmuls
                 keras.backend.clear_session()
                 for name, result in measured.items():

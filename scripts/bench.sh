@@ -4,8 +4,9 @@
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
-# the others fuse them under XLA). About 80 minutes on the 2-core CI machine; run it with
-# nothing else busy.
+# the others fuse them under XLA). About 80 minutes on the 2-core CI machine (TensorFlow 18,
+# JAX 13, PyTorch 48); run it with nothing else busy. Arguments: the backends to measure
+# (all three if none), e.g. `scripts/bench.sh tensorflow jax`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
@@ -18,7 +19,9 @@ bench() {
 }
 
 mkdir -p docs/bench/scaling
-for backend in tensorflow jax torch; do
+backends=("$@")
+[ $# -eq 0 ] && backends=(tensorflow jax torch)
+for backend in "${backends[@]}"; do
   bench --variants Ti/16 main --repeats 3 --json "docs/bench/$backend.json"
   bench --variants B/16 --image-size 224 --batch 1 8 32 --skip-training --repeats 3 \
     --warmup 1 --json "docs/bench/scaling/$backend-224.json"

@@ -210,6 +210,45 @@ def test_bench_times_implementations_in_turns_with_a_rotating_first():
     assert set(medians) == set("abc") and all(s >= 0 for s in medians.values())
 
 
+def test_bench_repeats_a_fast_call_within_a_sample_and_reports_seconds_per_call():
+    import time
+
+    from apps import bench
+
+    order = []
+
+    def sleeper(name, seconds):
+        def call():
+            order.append(name)
+            time.sleep(seconds)
+        return call
+
+    medians = bench.timed_in_turns({"fast": sleeper("fast", 0.004), "slow": sleeper("slow", 0.05)},
+                                   repeats=3, warmup=0, min_sample_s=0.04)
+    # One calibration call each, then per round one sample each, the first rotating; the fast
+    # call is repeated to fill 0.04 s (at most 10 times: sleep never returns early).
+    repeated = (order.count("fast") - 1) // 3
+    fast = ["fast"] * repeated
+    assert order == ["fast", "slow"] + fast + ["slow"] + ["slow"] + fast + fast + ["slow"]
+    assert 3 <= repeated <= 10
+    assert 0.004 <= medians["fast"] < 0.012 and 0.05 <= medians["slow"] < 0.1
+
+
+def test_bench_matmul_peak_chooses_the_size_by_its_median_not_one_fast_call(monkeypatch):
+    import time
+
+    from apps import bench
+
+    # Size 1 (2 FLOP): one lucky call of 1 ms among 20 ms ones; size 2 (16 FLOP): 10 ms each.
+    # By the fastest call size 1 would win (2 GFLOP/1 ms > 16/10 ms); by medians size 2 does.
+    sleeps = {1: iter([0.02, 0.001, 0.02, 0.02]), 2: iter([0.01] * 4)}
+    monkeypatch.setattr(bench, "square_matmul", lambda framework, precision, size: (
+        lambda: time.sleep(next(sleeps[size]))))
+    gflops, size = bench.matmul_peak("keras", "float32", (1, 2), repeats=3)
+    assert size == 2
+    assert 16 / 0.012 / 1e9 < gflops <= 16 / 0.01 / 1e9
+
+
 def test_bench_times_the_matmul_peak_in_the_inference_turns():
     import time
 

@@ -188,8 +188,13 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
                      if r["precision"] == result["precision"]
                      and (r["implementation"] == "timm") == (framework == "torch")}
         assert len(alongside) == 1 and result["matmul_gflops_s"] > 0
-        assert result["infer_utilisation"] == pytest.approx(
-            result["infer_images_s"] * result["gflops_per_image"] / result["matmul_gflops_s"])
+        # Utilisation is against the run's peak: the most its sweep or any in-turn matmul did.
+        key = f"keras-{keras.backend.backend()}" if framework == "keras" else "torch"
+        peak = bench.run_peaks(report)[f"{key}-{result['precision']}"]
+        assert peak == max(report["matmul_gflops"][f"{key}-{result['precision']}"],
+                           *alongside)
+        assert bench.utilisation(report, result) == pytest.approx(
+            result["infer_images_s"] * result["gflops_per_image"] / peak)
     assert set(report["matmul_size"]) == set(report["matmul_gflops"]) == {
         f"{framework}-{precision}" for framework in (f"keras-{keras.backend.backend()}", "torch")
         for precision in ("float32", "bfloat16")}
@@ -269,6 +274,32 @@ def test_bench_times_the_matmul_peak_in_the_inference_turns():
     # 1e9 FLOP in no less than 0.02 s: at most 50 GFLOP/s (a loaded machine sleeps longer).
     assert 10 < peaks["keras"] <= 50
     assert set(measured) == {"a", "b"}
+
+
+def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
+    from apps import bench
+
+    def result(name, precision, gflops, beside):
+        return {"implementation": name, "precision": precision, "variant": "B/16",
+                "image_size": 224, "batch": 8, "infer_images_s": gflops / 10,
+                "latency_ms": 1.0, "train_images_s": None, "gflops_per_image": 10.0,
+                "infer_gflops_s": gflops, "matmul_gflops_s": beside}
+
+    report = {"backend": "jax", "matmul_gflops": {"keras-jax-float32": 100.0,
+                                                  "torch-float32": 90.0},
+              "results": [result("vit_keras", "float32", 80.0, 60.0),
+                          result("keras-hub", "float32", 40.0, 120.0),
+                          result("timm", "float32", 45.0, 80.0)],
+              "pipeline_images_s": 1.0,
+              "machine": {"cpu": "x", "logical_cores": 2, "isa": [], "memory_gib": 1.0,
+                          "devices": ["cpu:0"]}}
+    # Keras: the in-turn 120 beats the sweep's 100; torch: the sweep's 90 beats the in-turn 80.
+    assert bench.run_peaks(report) == {"keras-jax-float32": 120.0, "torch-float32": 90.0}
+    assert [bench.utilisation(report, r) for r in report["results"]] == pytest.approx(
+        [80 / 120, 40 / 120, 45 / 90])
+    table = bench.markdown([report])
+    assert "| vit_keras | 8.00 |" in table and table.count("| 67% |") == 1
+    assert "keras-jax-float32 120; torch-float32 90" in table
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")

@@ -203,8 +203,7 @@ def square_matmul(framework: str, precision: str, size: int):
 def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> tuple[float, int]:
     """The median GFLOP/s of square matmuls at the size where that median is highest, and that
     size: the machine's practical peak for that framework (one size alone can dip: TensorFlow's
-    2048 ran ~20% below its 1024 and 3072 here). Medians, because one fast call had chosen a
-    size that then ran at two thirds of the others beside the models."""
+    2048 ran ~20% below its 1024 and 3072 here). Medians, since a single call can be lucky."""
     rates = {}
     for size in sizes:
         call = square_matmul(framework, precision, size)

@@ -4,8 +4,8 @@
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
-# the others fuse them under XLA). About 80 minutes on the 2-core CI machine (TensorFlow 18,
-# JAX 13, PyTorch 48); run it with nothing else busy. Arguments: the backends to measure
+# the others fuse them under XLA). About 70 minutes on the 2-core CI machine (TensorFlow 20,
+# JAX 15, PyTorch 32 in the last run); run it with nothing else busy. Arguments: the backends to measure
 # (all three if none), e.g. `scripts/bench.sh tensorflow jax`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

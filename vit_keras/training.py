@@ -117,7 +117,7 @@ def no_decay_variables(model: keras.Model) -> list:
 
 def default_jit_compile() -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off: there it
-    made our ViTs' inference 1.3-1.8x and the main job model's training 1.9x faster (README,
+    made our ViTs' inference 1.2-2.7x and the main job model's training 2.1x faster (README,
     Performance). Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
     PyTorch (eager)."""
     if keras.backend.backend() == "tensorflow":

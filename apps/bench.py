@@ -356,7 +356,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--min-sample", type=float, default=0.5,
                         help="seconds a timed sample lasts at least: a faster call is repeated "
-                             "within it (the main job's model infers a batch in ~15 ms)")
+                             "within it (the main job's model infers a batch in 15-20 ms)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model, batch 2, one repetition: checks the benchmark runs")

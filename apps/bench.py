@@ -285,21 +285,26 @@ def framework_of(implementation: str) -> str:
     return "torch" if implementation.startswith("timm") else "keras"
 
 
+def result_matmul_key(report: dict, result: dict) -> str:
+    """The matmul peak a result is measured against: its framework's, at its precision."""
+    return matmul_key(report["backend"], framework_of(result["implementation"]),
+                      result["precision"])
+
+
 def run_peaks(report: dict) -> dict:
     """Per matmul key, the highest median GFLOP/s the run measured, in the sweep at its start
-    or beside any model: a peak is the most the machine did. The matmul beside one model alone
-    dipped to two thirds of the others on JAX, which read B/16 above 100%."""
+    or beside any model: a peak is the most the machine did. The matmul beside JAX's B/16 at
+    batch 8 alone read 86 GFLOP/s against 104-124 beside batch 1 and 32, which put B/16 at
+    118%."""
     peaks = dict(report["matmul_gflops"])
     for r in report["results"]:
-        key = matmul_key(report["backend"], framework_of(r["implementation"]), r["precision"])
+        key = result_matmul_key(report, r)
         peaks[key] = max(peaks[key], r["matmul_gflops_s"])
     return peaks
 
 
 def utilisation(report: dict, result: dict) -> float:
-    key = matmul_key(report["backend"], framework_of(result["implementation"]),
-                     result["precision"])
-    return result["infer_gflops_s"] / run_peaks(report)[key]
+    return result["infer_gflops_s"] / run_peaks(report)[result_matmul_key(report, result)]
 
 
 def _rate(value) -> str:

@@ -5,8 +5,8 @@
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
 # the others fuse them under XLA). About 70 minutes on the 2-core CI machine (TensorFlow 20,
-# JAX 15, PyTorch 32 in the last run); run it with nothing else busy. Arguments: the backends to measure
-# (all three if none), e.g. `scripts/bench.sh tensorflow jax`.
+# JAX 15, PyTorch 32 in the last run); run it with nothing else busy. Arguments: the backends
+# to measure (all three if none), e.g. `scripts/bench.sh tensorflow jax`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python

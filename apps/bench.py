@@ -56,13 +56,14 @@ def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000
 
 
 def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dict:
-    """A Keras classifier made by build() under the precision's dtype policy, and its calls."""
+    """A Keras classifier made by build() under the precision's dtype policy, and its calls.
+    jit_compile: model.compile's, or a function of the model that returns it."""
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
         model = build()
         model.compile(keras.optimizers.Adam(1e-4),
                       keras.losses.CategoricalCrossentropy(from_logits=True),
-                      jit_compile=jit_compile)
+                      jit_compile=jit_compile(model) if callable(jit_compile) else jit_compile)
     finally:
         keras.config.set_dtype_policy("float32")
     x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
@@ -81,12 +82,13 @@ def ours_runner(config, image_size, precision, batch, jit_compile=None, approxim
     return keras_runner(lambda: vk.vit(config, image_size=image_size, num_classes=1000,
                                        approximate_gelu=approximate_gelu),
                         image_size, precision, batch,
-                        training.default_jit_compile() if jit_compile is None else jit_compile)
+                        training.default_jit_compile if jit_compile is None else jit_compile)
 
 
 def keras_auto_skips_xla() -> bool:
-    """Whether Keras' jit_compile="auto" leaves XLA off where our default turns it on: on
-    TensorFlow without an accelerator (then the benchmark also times us without XLA)."""
+    """Whether Keras' jit_compile="auto" leaves XLA off, so that our default decides by the
+    precision: on TensorFlow without an accelerator (then the benchmark also times us with
+    the other choice)."""
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
@@ -401,9 +403,10 @@ def main(argv=None):
                             for framework in frameworks}
             for batch in args.batch:
                 runners = {"vit_keras": ours_runner(config, image_size, precision, batch)}
-                if keras_auto_skips_xla():
-                    runners["vit_keras-no-xla"] = ours_runner(config, image_size, precision,
-                                                              batch, jit_compile=False)
+                if keras_auto_skips_xla():  # the XLA choice our default did not make
+                    xla = precision != "float32"
+                    runners["vit_keras-xla" if xla else "vit_keras-no-xla"] = ours_runner(
+                        config, image_size, precision, batch, jit_compile=xla)
                 if args.exact_gelu:
                     runners["vit_keras-erf-gelu"] = ours_runner(
                         config, image_size, precision, batch, approximate_gelu=False)

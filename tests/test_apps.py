@@ -5,7 +5,7 @@ import keras
 import pytest
 
 from apps.variants import pretrained_table, variant_table
-from tests.conftest import TINY
+from tests.conftest import TINY, tf_cpu_only
 
 
 def test_readme_generated_blocks_are_current():
@@ -148,16 +148,6 @@ def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
         "filters"]
 
 
-def tf_cpu_only() -> bool:
-    """TensorFlow without an accelerator: where Keras' "auto" leaves XLA off and the benchmark
-    also times our model that way."""
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return not tf.config.list_physical_devices("GPU") + tf.config.list_physical_devices("TPU")
-
-
 def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     import json
 
@@ -167,15 +157,26 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
                          str(tmp_path / "bench.json")])
     assert report["peers"] == {"timm": True, "keras-hub": True}
     runs = {(r["implementation"], r["precision"]) for r in report["results"]}
-    names = ["vit_keras", "timm", "keras-hub"] + (["vit_keras-no-xla"] if tf_cpu_only() else [])
-    assert runs == {(name, precision) for name in names for precision in ("float32", "bfloat16")}
-    # XLA: ours on TensorFlow and JAX, keras-hub where Keras' "auto" chooses it; timm eager.
-    xla_by_default = keras.backend.backend() in ("tensorflow", "jax")
-    expected_jit = {"vit_keras": xla_by_default, "vit_keras-no-xla": False, "timm": False,
-                    "keras-hub": keras.backend.backend() == "jax" or (xla_by_default and
-                                                                       not tf_cpu_only())}
-    assert {r["implementation"]: r["jit_compile"] for r in report["results"]} == {
-        name: expected_jit[name] for name in names}
+    # On TensorFlow's CPU our other XLA choice too: without it in float32, with it in bfloat16.
+    other = {"float32": ["vit_keras-no-xla"], "bfloat16": ["vit_keras-xla"]}
+    if not tf_cpu_only():
+        other = {"float32": [], "bfloat16": []}
+    names = {precision: ["vit_keras", "timm", "keras-hub"] + extra
+             for precision, extra in other.items()}
+    assert runs == {(name, precision) for precision in names for name in names[precision]}
+    # XLA: ours on TensorFlow in float32 and on JAX, keras-hub where Keras' "auto" chooses
+    # it; timm eager.
+    backend = keras.backend.backend()
+    keras_auto = backend == "jax" or (backend == "tensorflow" and not tf_cpu_only())
+    expected_jit = {
+        "float32": {"vit_keras": backend in ("tensorflow", "jax"), "vit_keras-no-xla": False,
+                    "timm": False, "keras-hub": keras_auto},
+        "bfloat16": {"vit_keras": keras_auto, "vit_keras-xla": True, "timm": False,
+                     "keras-hub": keras_auto}}
+    assert {(r["implementation"], r["precision"]): r["jit_compile"]
+            for r in report["results"]} == {
+        (name, precision): expected_jit[precision][name]
+        for precision in names for name in names[precision]}
     # The peers are built from our config: the same architecture, hence the same count.
     config = bench.vk.ViTConfig(**bench.SMOKE_MODEL)
     expected = bench.vk.vit(config, image_size=32, num_classes=1000).count_params()

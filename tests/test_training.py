@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vit_keras as vk
-from tests.conftest import TINY, images, randomize
+from tests.conftest import TINY, images, randomize, tf_cpu_only
 from vit_keras import training
 
 ROOT = Path(__file__).parents[1]
@@ -98,7 +98,25 @@ def test_no_xla_by_default_under_a_distribution_strategy():
     import tensorflow as tf
 
     with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
-        assert training.default_jit_compile() == "auto"
+        model = vk.vit(TINY, image_size=32, num_classes=3)
+        assert training.default_jit_compile(model) == "auto"
+
+
+def test_mixed_bfloat16_compiles_as_keras_auto_would():
+    """No XLA of ours under bfloat16 (XLA's CPU dots are slower than TensorFlow's there); the
+    same model in float32 gets it on TensorFlow."""
+    recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    mixed = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3), recipe, 10)
+    keras_auto = vk.vit(TINY, image_size=32, num_classes=3)
+    keras_auto.compile(jit_compile="auto")
+    keras.config.set_dtype_policy("float32")
+    single = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3), recipe, 10)
+    assert mixed.jit_compile is keras_auto.jit_compile
+    assert single.jit_compile is (keras.backend.backend() in ("tensorflow", "jax"))
+    if tf_cpu_only():
+        assert mixed.jit_compile is False
+    mixed.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
 
 
 def test_history_file_keeps_one_row_per_epoch(tmp_path):

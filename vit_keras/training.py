@@ -115,17 +115,23 @@ def no_decay_variables(model: keras.Model) -> list:
     return [v for v in model.trainable_variables if not v.name.endswith("kernel")]
 
 
-def default_jit_compile() -> bool | str:
-    """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off: there it
-    made our ViTs' inference 1.2-2.7x and the main job model's training 2.1x faster (README,
-    Performance). Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
+def default_jit_compile(model: keras.Model) -> bool | str:
+    """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
+    models that compute in float32: there it made our ViTs' inference up to 2.2x and the main
+    job model's training 1.5x faster (README, Performance). Not for bfloat16 (mixed_bfloat16):
+    XLA's CPU dots read 0.6x of TensorFlow's own bfloat16 kernels for Ti/16 training and B/16
+    inference. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
     PyTorch (eager)."""
-    if keras.backend.backend() == "tensorflow":
+    if keras.backend.backend() == "tensorflow" and computes_in_float32(model):
         import tensorflow as tf
 
         if not tf.distribute.has_strategy():
             return True
     return "auto"
+
+
+def computes_in_float32(model: keras.Model) -> bool:
+    return all(layer.compute_dtype == "float32" for layer in model.layers)
 
 
 def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
@@ -145,7 +151,7 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
         jit_compile="auto" if jit_compile is None else jit_compile,
         steps_per_execution=steps_per_execution,
     )
-    if jit_compile is None and default_jit_compile() is True:
+    if jit_compile is None and default_jit_compile(model) is True:
         model.jit_compile = True
     return model
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes README's Performance tables (docs/bench/): per backend, Ti/16 and the main job's model
-# at batch 32 with training; then B/16 inference at 224 px across batch sizes and at 384 px.
+# at batch 32 with training; then B/16 inference at 224 px across batch sizes and at 384 px;
+# each in float32 and mixed bfloat16 (timm under torch.autocast).
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
@@ -14,7 +15,7 @@ py=.venv/bin/python
 bench() {
   local torch_only=()
   [ "$backend" = torch ] && torch_only=(--torch-compile --exact-gelu)
-  KERAS_BACKEND=$backend $py -m apps.bench --precisions float32 --peers timm keras-hub \
+  KERAS_BACKEND=$backend $py -m apps.bench --precisions float32 bfloat16 --peers timm keras-hub \
     "${torch_only[@]}" "$@"
 }
 

@@ -4,19 +4,23 @@ utilisation against the matmul peak measured here, and the main job's input pipe
 
 python -m apps.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfloat16]
                      [--batch 32 ...] [--peers timm keras-hub] [--json bench.json] [--smoke]
+                     [--memory]
 
 Run it once per backend (KERAS_BACKEND=...); peers that are not installed are reported as
 unavailable. Medians over --repeats timed samples after --warmup untimed calls, the
 implementations taking turns sample by sample; a sample repeats a fast call for --min-sample
-seconds.
+seconds. --memory measures peak memory instead, each implementation in a process of its own.
 """
 
 import argparse
+import ctypes
 import json
 import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 
 # torch and timm (which loads torch._dynamo) before TensorFlow, or the process segfaults.
@@ -33,6 +37,7 @@ import vit_keras as vk  # noqa: E402
 from apps.train import MAIN_JOB_MODEL  # noqa: E402
 from vit_keras import training  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 
 
@@ -138,6 +143,30 @@ def keras_hub_runner(config, image_size, precision, batch):
     return keras_runner(build, image_size, precision, batch)
 
 
+def runner_factories(config, image_size, precision, batch, peers, torch_compile=False,
+                     exact_gelu=False) -> dict:
+    """Every implementation the run measures, by name, as a function that builds its runner."""
+    make = {"vit_keras": lambda: ours_runner(config, image_size, precision, batch)}
+    if keras_auto_skips_xla():  # the XLA choice our default did not make
+        xla = precision != "float32"
+        make["vit_keras-xla" if xla else "vit_keras-no-xla"] = lambda: ours_runner(
+            config, image_size, precision, batch, jit_compile=xla)
+    if exact_gelu:
+        make["vit_keras-erf-gelu"] = lambda: ours_runner(config, image_size, precision, batch,
+                                                         approximate_gelu=False)
+    if torch_compile and keras.backend.backend() == "torch":
+        make["vit_keras-torch-compile"] = lambda: ours_runner(config, image_size, precision,
+                                                              batch, jit_compile=True)
+    if peers.get("timm") is True:
+        make["timm"] = lambda: timm_runner(config, image_size, precision, batch)
+        if torch_compile:
+            make["timm-compile"] = lambda: timm_runner(config, image_size, precision, batch,
+                                                       compiled=True)
+    if peers.get("keras-hub") is True:
+        make["keras-hub"] = lambda: keras_hub_runner(config, image_size, precision, batch)
+    return make
+
+
 def timed(call) -> float:
     started = time.perf_counter()
     call()
@@ -230,6 +259,96 @@ def pipeline_throughput(batches: int) -> float:
     for _ in range(batches):
         next(iterator)
     return batches * 128 / (time.perf_counter() - started)
+
+
+def _process_mib(field: str) -> float:
+    """VmRSS (resident now) or VmHWM (its peak since the last reset) of this process, in MiB."""
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}: peak memory is read on Linux only")
+
+
+def release_free_memory():
+    """Hands the heap's free pages back to the system (glibc's malloc_trim), so that a call
+    that reuses them counts them: memory freed by building the model stays resident."""
+    ctypes.CDLL(None).malloc_trim(0)
+
+
+def reset_peak_memory():
+    """Lowers the process's peak (VmHWM) to what it holds now (Linux's clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as file:
+        file.write("5")
+
+
+def peak_memory_of(runner: dict, train: bool) -> dict:
+    """MiB above the built model's resident memory at the peak of its first inference call
+    and, after it, of its first training step: compilation and optimizer state included,
+    what a user's process needs on top of the weights and the libraries."""
+    release_free_memory()
+    resident = _process_mib("VmRSS")
+    reset_peak_memory()
+    runner["infer"]()
+    result = {"resident_mib": resident, "infer_peak_mib": _process_mib("VmHWM") - resident,
+              "train_peak_mib": None}
+    if train:
+        runner["train"]()
+        result["train_peak_mib"] = _process_mib("VmHWM") - resident
+    return result
+
+
+def memory_child(spec: dict) -> dict:
+    """One implementation's peak memory, measured in this process (started for it alone)."""
+    config, image_size = model_spec(spec["variant"], spec["image_size"])
+    build = runner_factories(config, image_size, spec["precision"], spec["batch"],
+                             {"timm": True, "keras-hub": True}, torch_compile=True,
+                             exact_gelu=True)[spec["implementation"]]
+    runner = build()
+    return {"params": runner["params"], "jit_compile": runner["jit_compile"],
+            **peak_memory_of(runner, spec["train"])}
+
+
+def measure_memory(args, peers) -> list[dict]:
+    """Every implementation's peak memory, each in a fresh process: a process's peak cannot be
+    split between implementations that ran in it."""
+    results = []
+    for variant in args.variants:
+        config, image_size = model_spec(variant, args.image_size)
+        for precision in args.precisions:
+            for batch in args.batch:
+                for name in runner_factories(config, image_size, precision, batch, peers,
+                                             args.torch_compile, args.exact_gelu):
+                    spec = dict(implementation=name, variant=variant, image_size=image_size,
+                                batch=batch, precision=precision, train=not args.skip_training)
+                    done = subprocess.run(
+                        [sys.executable, "-m", "apps.bench", "--memory-child", json.dumps(spec)],
+                        capture_output=True, text=True, cwd=ROOT, check=False)
+                    if done.returncode:
+                        raise RuntimeError(f"the memory run of {spec} failed:\n"
+                                           f"{done.stderr[-3000:]}")
+                    results.append({**spec, **json.loads(done.stdout.splitlines()[-1])})
+                    print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
+                          f"{name:>12}: peak {results[-1]['infer_peak_mib']:.0f} MiB inference, "
+                          f"{_mib(results[-1]['train_peak_mib'])} MiB training", flush=True)
+    return results
+
+
+def _mib(value) -> str:
+    return "not run" if value is None else f"{value:,.0f}"
+
+
+def memory_markdown(reports: list[dict]) -> str:
+    """README's peak-memory table from one or more --memory reports."""
+    rows = ["| backend | variant | px | batch | precision | implementation | weights MiB | "
+            "inference peak MiB | training peak MiB |", "|---|---|---|---|---|---|---|---|---|"]
+    for report in reports:
+        for r in report["memory"]:
+            rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
+                        f"{r['batch']} | {r['precision']} | {r['implementation']} | "
+                        f"{r['params'] * 4 / 2**20:,.0f} | {_mib(r['infer_peak_mib'])} | "
+                        f"{_mib(r['train_peak_mib'])} |")
+    return "\n".join(rows)
 
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
@@ -369,13 +488,22 @@ def main(argv=None):
                         help="tiny model, batch 2, one repetition: checks the benchmark runs")
     parser.add_argument("--markdown", nargs="+", metavar="JSON",
                         help="print README's table from saved reports instead of measuring")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead of timing, measure each implementation's peak memory "
+                             "(first inference call, then first training step) in a process "
+                             "of its own")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.memory_child:
+        result = memory_child(json.loads(args.memory_child))
+        print(json.dumps(result))
+        return result
     if args.markdown:
         reports = []
         for path in args.markdown:
             with open(path) as file:
                 reports.append(json.load(file))
-        print(markdown(reports))
+        print(memory_markdown(reports) if "memory" in reports[0] else markdown(reports))
         return reports
     if args.smoke:
         args.variants, args.repeats, args.warmup, args.min_sample = ["smoke"], 1, 1, 0.01
@@ -384,6 +512,12 @@ def main(argv=None):
     peers = peers_available(args.peers)
     if peers.get("timm") is True and timm is None:
         peers["timm"] = "unavailable (timm or torch not importable)"
+    if args.memory:
+        report = {"machine": describe_machine(), "backend": backend, "peers": peers,
+                  "memory": measure_memory(args, peers)}
+        print(memory_markdown([report]))
+        write_json(report, args.json)
+        return report
     sizes = (128, 256) if args.smoke else (1024, 2048, 3072)
     report = {"machine": describe_machine(), "backend": backend, "peers": peers,
               "matmul_gflops": {}, "matmul_size": {}, "results": []}
@@ -402,24 +536,9 @@ def main(argv=None):
                                                                         precision)]
                             for framework in frameworks}
             for batch in args.batch:
-                runners = {"vit_keras": ours_runner(config, image_size, precision, batch)}
-                if keras_auto_skips_xla():  # the XLA choice our default did not make
-                    xla = precision != "float32"
-                    runners["vit_keras-xla" if xla else "vit_keras-no-xla"] = ours_runner(
-                        config, image_size, precision, batch, jit_compile=xla)
-                if args.exact_gelu:
-                    runners["vit_keras-erf-gelu"] = ours_runner(
-                        config, image_size, precision, batch, approximate_gelu=False)
-                if args.torch_compile and backend == "torch":
-                    runners["vit_keras-torch-compile"] = ours_runner(
-                        config, image_size, precision, batch, jit_compile=True)
-                if peers.get("timm") is True:
-                    runners["timm"] = timm_runner(config, image_size, precision, batch)
-                    if args.torch_compile:
-                        runners["timm-compile"] = timm_runner(config, image_size, precision,
-                                                              batch, compiled=True)
-                if peers.get("keras-hub") is True:
-                    runners["keras-hub"] = keras_hub_runner(config, image_size, precision, batch)
+                runners = {name: build() for name, build in runner_factories(
+                    config, image_size, precision, batch, peers, args.torch_compile,
+                    args.exact_gelu).items()}
                 matmuls = {framework: (square_matmul(framework, precision, size), 2 * size**3)
                            for framework, size in matmul_sizes.items()}
                 measured, peaks = measure_in_turns(runners, batch, args.repeats, args.warmup,
@@ -443,10 +562,14 @@ def main(argv=None):
                           f"{peaks[framework]:.0f}", flush=True)
     print(markdown([report]))
     print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=1)
+    write_json(report, args.json)
     return report
+
+
+def write_json(report: dict, path: str | None):
+    if path:
+        with open(path, "w") as file:
+            json.dump(report, file, indent=1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import os
 import re
 
 from apps.bench import markdown as bench_table
+from apps.bench import memory_markdown as memory_table
 from apps.variants import pretrained_table, variant_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,10 +72,17 @@ def export_block() -> str:
     return text
 
 
+def _reports(folder: str) -> list[dict]:
+    return [_json(os.path.relpath(p, DOCS))
+            for p in sorted(glob.glob(os.path.join(DOCS, folder, "*.json")))]
+
+
 def bench_block(folder: str = "bench", footer: bool = True) -> str:
-    reports = [_json(os.path.relpath(p, DOCS))
-               for p in sorted(glob.glob(os.path.join(DOCS, folder, "*.json")))]
-    return bench_table(reports, footer)
+    return bench_table(_reports(folder), footer)
+
+
+def bench_memory_block() -> str:
+    return memory_table(_reports(os.path.join("bench", "memory")))
 
 
 def bench_scaling_block() -> str:
@@ -83,7 +91,7 @@ def bench_scaling_block() -> str:
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "export": export_block, "bench": bench_block,
-          "benchscaling": bench_scaling_block}
+          "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block}
 
 
 def render(readme: str) -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes README's Performance tables (docs/bench/): per backend, Ti/16 and the main job's model
 # at batch 32 with training; then B/16 inference at 224 px across batch sizes and at 384 px;
-# each in float32 and mixed bfloat16 (timm under torch.autocast).
+# each in float32 and mixed bfloat16 (timm under torch.autocast); then peak memory
+# (scripts/bench_memory.sh).
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
@@ -29,4 +30,4 @@ for backend in "${backends[@]}"; do
   bench --variants B/16 --image-size 384 --batch 8 --skip-training --repeats 3 --warmup 1 \
     --json "docs/bench/scaling/$backend-384.json"
 done
-$py -m apps.readme --write
+bash scripts/bench_memory.sh "${backends[@]}"

@@ -206,6 +206,42 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
     assert saved["machine"]["devices"]
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's peak reset")
+def test_peak_memory_reads_what_a_call_allocates():
+    """Arrays of known size: 200 MiB touched by inference, 400 by training, freed after."""
+    import numpy as np
+
+    from apps import bench
+
+    mib = 2**20 // 8  # float64 elements per MiB
+    runner = {"infer": lambda: np.ones(200 * mib).sum(), "train": lambda: np.ones(400 * mib).sum()}
+    found = bench.peak_memory_of(runner, train=True)
+    assert 195 < found["infer_peak_mib"] < 240, found
+    assert 395 < found["train_peak_mib"] < 440, found
+    assert bench.peak_memory_of(runner, train=False)["train_peak_mib"] is None
+
+
+def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
+    import json
+
+    from apps import bench
+
+    report = bench.main(["--smoke", "--memory", "--precisions", "float32", "--peers", "timm",
+                         "--json", str(tmp_path / "memory.json")])
+    names = ["vit_keras"] + (["vit_keras-no-xla"] if tf_cpu_only() else []) + ["timm"]
+    assert [r["implementation"] for r in report["memory"]] == names
+    expected = bench.vk.vit(bench.vk.ViTConfig(**bench.SMOKE_MODEL), image_size=32,
+                            num_classes=1000).count_params()
+    for result in report["memory"]:
+        assert result["params"] == expected
+        assert result["infer_peak_mib"] > 0 and result["train_peak_mib"] > 0
+        assert result["resident_mib"] > 100  # the libraries and the model
+    assert json.loads((tmp_path / "memory.json").read_text())["memory"] == report["memory"]
+    table = bench.main(["--markdown", str(tmp_path / "memory.json")])
+    assert table[0]["memory"] == report["memory"]
+    assert "| smoke | 32 | 2 | float32 | timm | 0 |" in bench.memory_markdown(table)
+
+
 def test_bench_times_implementations_in_turns_with_a_rotating_first():
     from apps import bench
 

@@ -6,8 +6,8 @@
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
-# the others fuse them under XLA). About 70 minutes on the 2-core CI machine (TensorFlow 20,
-# JAX 15, PyTorch 32 in the last run); run it with nothing else busy. Arguments: the backends
+# the others fuse them under XLA). Run it with nothing else busy: another process's load
+# slowed timm 10x (torch's threads wait for cores) in a run that was thrown away. Arguments: the backends
 # to measure (all three if none), e.g. `scripts/bench.sh tensorflow jax`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,8 @@ backends=("$@")
 [ $# -eq 0 ] && backends=(tensorflow jax torch)
 for backend in "${backends[@]}"; do
   bench --variants Ti/16 main --repeats 3 --json "docs/bench/$backend.json"
-  bench --variants B/16 --image-size 224 --batch 1 8 32 --skip-training --repeats 3 \
+  # batch 1 is every row's latency column
+  bench --variants B/16 --image-size 224 --batch 8 32 --skip-training --repeats 3 \
     --warmup 1 --json "docs/bench/scaling/$backend-224.json"
   bench --variants B/16 --image-size 384 --batch 8 --skip-training --repeats 3 --warmup 1 \
     --json "docs/bench/scaling/$backend-384.json"

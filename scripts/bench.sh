@@ -7,18 +7,11 @@
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
 # the others fuse them under XLA). Run it with nothing else busy: another process's load
-# slowed timm 10x (torch's threads wait for cores) in a run that was thrown away. Arguments: the backends
-# to measure (all three if none), e.g. `scripts/bench.sh tensorflow jax`.
+# slowed timm 10x (torch's threads wait for cores) in a run that was thrown away.
+# Arguments: the backends to measure (all three if none), e.g. `scripts/bench.sh tensorflow`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=.venv/bin/python
-
-bench() {
-  local torch_only=()
-  [ "$backend" = torch ] && torch_only=(--torch-compile --exact-gelu)
-  KERAS_BACKEND=$backend $py -m apps.bench --precisions float32 bfloat16 --peers timm keras-hub \
-    "${torch_only[@]}" "$@"
-}
+source scripts/bench_lib.sh
 
 mkdir -p docs/bench/scaling
 backends=("$@")

@@ -6,20 +6,14 @@
 # the backends to measure (all three if none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=.venv/bin/python
-
-bench() {
-  local torch_only=()
-  [ "$backend" = torch ] && torch_only=(--torch-compile --exact-gelu)
-  KERAS_BACKEND=$backend $py -m apps.bench --memory --precisions float32 bfloat16 \
-    --peers timm keras-hub "${torch_only[@]}" "$@"
-}
+source scripts/bench_lib.sh
 
 mkdir -p docs/bench/memory
 backends=("$@")
 [ $# -eq 0 ] && backends=(tensorflow jax torch)
 for backend in "${backends[@]}"; do
-  bench --variants Ti/16 main --json "docs/bench/memory/$backend.json"
-  bench --variants B/16 --skip-training --json "docs/bench/memory/$backend-b16.json"
+  bench --memory --variants Ti/16 main --json "docs/bench/memory/$backend.json"
+  bench --memory --variants B/16 --skip-training \
+    --json "docs/bench/memory/$backend-b16.json"
 done
 $py -m apps.readme --write

@@ -117,10 +117,10 @@ def no_decay_variables(model: keras.Model) -> list:
 
 def default_jit_compile(model: keras.Model) -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
-    models that compute in float32: there it made our ViTs' inference up to 2.2x and the main
-    job model's training 1.5x faster (README, Performance). Not for bfloat16 (mixed_bfloat16):
-    XLA's CPU dots read 0.6x of TensorFlow's own bfloat16 kernels for Ti/16 training and B/16
-    inference. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
+    models that compute in float32: there it made the main job model's inference 2.1x and its
+    training 1.3x faster, Ti/16's inference 1.16x (README, Performance). Not for bfloat16
+    (mixed_bfloat16): with XLA, Ti/16 and B/16 ran at 0.57-0.77x of TensorFlow's own bfloat16
+    kernels. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
     PyTorch (eager)."""
     if keras.backend.backend() == "tensorflow" and computes_in_float32(model):
         import tensorflow as tf

@@ -288,14 +288,20 @@ def peak_memory_of(runner: dict, train: bool) -> dict:
     what a user's process needs on top of the weights and the libraries."""
     release_free_memory()
     resident = _process_mib("VmRSS")
+    return {"resident_mib": resident,
+            "infer_peak_mib": _peak_above(resident, runner["infer"]),
+            "train_peak_mib": _peak_above(resident, runner["train"]) if train else None}
+
+
+def _peak_above(resident: float, call) -> float:
+    """The call's peak in MiB above `resident`. Free heap pages go back first: once large
+    blocks come from the heap rather than their own mappings (as after the README's
+    variant table built every model on PyTorch), a freed inference batch would otherwise stay
+    resident and be added to the training step's peak."""
+    release_free_memory()
     reset_peak_memory()
-    runner["infer"]()
-    result = {"resident_mib": resident, "infer_peak_mib": _process_mib("VmHWM") - resident,
-              "train_peak_mib": None}
-    if train:
-        runner["train"]()
-        result["train_peak_mib"] = _process_mib("VmHWM") - resident
-    return result
+    call()
+    return _process_mib("VmHWM") - resident
 
 
 def memory_child(spec: dict) -> dict:

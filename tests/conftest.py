@@ -30,6 +30,12 @@ def randomize(model, seed=0, scale=0.2):
     return model
 
 
+def randomize_layer(layer, input_shape, seed=0, scale=0.2):
+    """A built layer with random weights, as randomize does for models."""
+    layer.build(input_shape)
+    return randomize(layer, seed, scale)
+
+
 def checkpoint_params(model):
     """The model's weights under the official checkpoint names (a test-side spec of the map)."""
     params = {}

@@ -8,7 +8,7 @@ import pytest
 
 import vit_keras as vk
 from tests import numpy_vit
-from tests.conftest import TINY, checkpoint_params, images, randomize
+from tests.conftest import TINY, checkpoint_params, images, randomize, randomize_layer
 
 # vit-facts.md section 2: exact counts at 224 px with a 1000-class head (models_test.py).
 OFFICIAL_PARAMS = {
@@ -130,6 +130,27 @@ def test_attention_probabilities_come_from_the_same_block():
     np.testing.assert_allclose(keras.ops.convert_to_numpy(probs), expected[0], atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(out),
                                keras.ops.convert_to_numpy(block(tokens)), atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens_known", [True, False])
+def test_fused_attention_equals_the_einsum_path(monkeypatch, tokens_known):
+    """Each backend's default attention against the other kernel: ops.dot_product_attention
+    and the head-major einsum-softmax-einsum give the same block output, also traced with
+    the batch and token count unknown (TensorFlow's tf.function with a None shape)."""
+    block = randomize_layer(vk.layers.MultiHeadDotProductAttention(num_heads=4), (2, 17, 32))
+    tokens = np.random.default_rng(2).normal(size=(2, 17, 32)).astype("float32")
+    outputs = []
+    for fused in (True, False):
+        monkeypatch.setattr(vk.layers, "fused_attention_is_faster", lambda fused=fused: fused)
+        if keras.backend.backend() == "tensorflow" and not tokens_known:
+            import tensorflow as tf
+
+            call = tf.function(block, input_signature=[tf.TensorSpec((None, None, 32))])
+            outputs.append(call(tokens))
+        else:
+            outputs.append(block(tokens))
+    np.testing.assert_allclose(*map(keras.ops.convert_to_numpy, outputs), atol=1e-5)
+    assert np.abs(keras.ops.convert_to_numpy(outputs[0])).max() > 0.1
 
 
 def test_stochastic_depth_rises_linearly_and_drops_whole_samples():

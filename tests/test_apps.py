@@ -208,7 +208,8 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's peak reset")
 def test_peak_memory_reads_what_a_call_allocates():
-    """Arrays of known size: 200 MiB touched by inference, 400 by training, freed after."""
+    """Arrays of known size: 200 MiB touched by inference, 400 by each training step, freed
+    after."""
     import numpy as np
 
     from apps import bench
@@ -218,7 +219,9 @@ def test_peak_memory_reads_what_a_call_allocates():
     found = bench.peak_memory_of(runner, train=True)
     assert 195 < found["infer_peak_mib"] < 240, found
     assert 395 < found["train_peak_mib"] < 440, found
-    assert bench.peak_memory_of(runner, train=False)["train_peak_mib"] is None
+    assert 395 < found["train_again_peak_mib"] < 440, found
+    untrained = bench.peak_memory_of(runner, train=False)
+    assert untrained["train_peak_mib"] is None and untrained["train_again_peak_mib"] is None
 
 
 def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
@@ -235,6 +238,7 @@ def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
     for result in report["memory"]:
         assert result["params"] == expected
         assert result["infer_peak_mib"] > 0 and result["train_peak_mib"] > 0
+        assert result["train_again_peak_mib"] >= 0  # reported; its sizes: the test above
         assert result["resident_mib"] > 100  # the libraries and the model
     assert json.loads((tmp_path / "memory.json").read_text())["memory"] == report["memory"]
     table = bench.main(["--markdown", str(tmp_path / "memory.json")])

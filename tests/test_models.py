@@ -245,6 +245,26 @@ def test_mixed_bfloat16_trains_and_returns_float32():
     assert keras.backend.standardize_dtype(model(images()).dtype) == "float32"
 
 
+def test_bfloat16_computes_the_exact_gelu_within_its_precision():
+    """In bfloat16 the exact GELU stands in for the tanh one: the tanh-GELU model computes
+    what the exact-GELU model computes, and swapping the GELUs moves float32 logits far less
+    than bfloat16 moves them."""
+    x = images(batch=8)
+
+    def logits(policy, approximate_gelu):
+        keras.config.set_dtype_policy(policy)
+        model = vk.vit(TINY, image_size=32, num_classes=10, approximate_gelu=approximate_gelu)
+        keras.config.set_dtype_policy("float32")
+        return keras.ops.convert_to_numpy(randomize(model)(x))
+
+    reference = logits("float32", True)
+    ours = logits("mixed_bfloat16", True)
+    np.testing.assert_array_equal(ours, logits("mixed_bfloat16", False))
+    swap_error = np.abs(logits("float32", False) - reference).max()
+    bfloat16_error = np.abs(ours - reference).max()
+    assert 1e-5 < swap_error < bfloat16_error / 10, (swap_error, bfloat16_error)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(image_size=36), "image_size 36 is not divisible by patch size 8"),
     (dict(image_size=(32, 30)), "image_size 30 is not divisible by patch size 8"),

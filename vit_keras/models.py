@@ -61,7 +61,8 @@ def vit(
     The output is logits (include_top) or the pooled representation; float32 under any
     mixed-precision policy, since the read-out and head run in float32.
     approximate_gelu=True is the tanh GELU the official checkpoints were trained with;
-    False gives the exact erf GELU of timm and Hugging Face.
+    False gives the exact erf GELU of timm and Hugging Face. Under a bfloat16 compute dtype
+    the exact one is computed either way (layers.computes_tanh_gelu says why).
     stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
     weights: a local .npz / .keras / .weights.h5 file, or a pre-trained name such as
     "augreg_in21k" (vit_keras.pretrained), downloaded once into the Keras cache.

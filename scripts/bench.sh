@@ -6,7 +6,8 @@
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
 # GELU that timm and keras-hub compute (PyTorch eager runs the two GELUs as different kernels,
-# the others fuse them under XLA). Run it with nothing else busy: another process's load
+# the others fuse them under XLA; in bfloat16 ours computes the exact one anyway, so there the
+# two rows time one computation twice). Run it with nothing else busy: another process's load
 # slowed timm 10x (torch's threads wait for cores) in a run that was thrown away.
 # Arguments: the backends to measure (all three if none), e.g. `scripts/bench.sh tensorflow`.
 set -euo pipefail

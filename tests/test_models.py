@@ -265,6 +265,19 @@ def test_bfloat16_computes_the_exact_gelu_within_its_precision():
     assert 1e-5 < swap_error < bfloat16_error / 10, (swap_error, bfloat16_error)
 
 
+def test_int8_quantized_mlp_computes_with_its_quantized_kernels():
+    """model.quantize("int8") swaps the MLP's Dense kernels for int8 ones and scales; the
+    MlpBlock then calls those layers instead of multiplying their kernels itself."""
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=10))
+    x = images(batch=4)
+    expected = keras.ops.convert_to_numpy(model(x))
+    model.quantize("int8")
+    dense = model.get_layer("Transformer_encoderblock_0").mlp.dense_0
+    assert keras.backend.standardize_dtype(dense.kernel.dtype) == "int8"
+    error = np.abs(keras.ops.convert_to_numpy(model(x)) - expected).max()
+    assert 0 < error < 0.05 * np.abs(expected).max(), (error, np.abs(expected).max())
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(image_size=36), "image_size 36 is not divisible by patch size 8"),
     (dict(image_size=(32, 30)), "image_size 30 is not divisible by patch size 8"),

@@ -1,4 +1,5 @@
-"""ViT's building blocks as serializable Keras layers, written with keras.ops only.
+"""ViT's building blocks as serializable Keras layers, written with keras.ops (and, on
+PyTorch, one torch.addmm: dense_on_tokens).
 
 Weight names and shapes follow the official checkpoint tree (vit_jax models_vit.py), so
 loading an official .npz file is a name map, never a reshape.

@@ -392,6 +392,11 @@ def describe_machine() -> dict:
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
 
 
+def machines_sentence(reports: list[dict]) -> str:
+    """The machines the reports were measured on, for the line under a README table."""
+    return "Machine: " + "; ".join(sorted({machine_line(r["machine"]) for r in reports})) + "."
+
+
 def machine_line(machine: dict) -> str:
     isa = ", ".join(machine["isa"]) or "none of " + ", ".join(ISA_FLAGS)
     return (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({isa}), "
@@ -465,12 +470,11 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
         return "\n".join(rows)
     peaks = "; ".join(f"{k} {v:.0f}" for report in reports for k, v in run_peaks(report).items())
     pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
-    machines = "; ".join(sorted({machine_line(r["machine"]) for r in reports}))
     return "\n".join(rows) + (
         "\n\n% of matmul peak: inference GFLOP/s over the run's peak, the highest median GFLOP/s "
         "of a square matmul it measured, in a sweep of sizes at its start or in the turns "
         f"beside each model (torch's for timm, the backend's for the rest): {peaks}. "
-        f"Main job input pipeline alone (images/s): {pipeline}. Machine: {machines}.")
+        f"Main job input pipeline alone (images/s): {pipeline}. {machines_sentence(reports)}")
 
 
 def main(argv=None):

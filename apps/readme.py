@@ -10,6 +10,7 @@ import json
 import os
 import re
 
+from apps.bench import machines_sentence
 from apps.bench import markdown as bench_table
 from apps.bench import memory_markdown as memory_table
 from apps.variants import pretrained_table, variant_table
@@ -82,11 +83,13 @@ def bench_block(folder: str = "bench", footer: bool = True) -> str:
 
 
 def bench_memory_block() -> str:
-    return memory_table(_reports(os.path.join("bench", "memory")))
+    reports = _reports(os.path.join("bench", "memory"))
+    return memory_table(reports) + "\n\n" + machines_sentence(reports)
 
 
 def bench_scaling_block() -> str:
-    return bench_block(os.path.join("bench", "scaling"), footer=False)
+    reports = _reports(os.path.join("bench", "scaling"))
+    return bench_table(reports, footer=False) + "\n\n" + machines_sentence(reports)
 
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,

@@ -9,6 +9,7 @@ import pytest
 import vit_keras as vk
 from tests import numpy_vit
 from tests.conftest import TINY, checkpoint_params, images, randomize, randomize_layer
+from vit_keras import layers
 
 # vit-facts.md section 2: exact counts at 224 px with a 1000-class head (models_test.py).
 OFFICIAL_PARAMS = {
@@ -263,6 +264,22 @@ def test_bfloat16_computes_the_exact_gelu_within_its_precision():
     swap_error = np.abs(logits("float32", False) - reference).max()
     bfloat16_error = np.abs(ours - reference).max()
     assert 1e-5 < swap_error < bfloat16_error / 10, (swap_error, bfloat16_error)
+
+
+# bfloat16 only with the exact GELU, the one the blocks compute in it (computes_tanh_gelu).
+@pytest.mark.parametrize("approximate, dtype, tolerance", [
+    (True, "float32", 1e-6), (False, "float32", 1e-6), (False, "bfloat16", 2.0**-8)])
+def test_gelu_equals_numpy_in_its_dtype(approximate, dtype, tolerance):
+    """vit_keras.layers.gelu, which writes the exact GELU out in float32 on TensorFlow, against
+    numpy's in float64, within the dtype's rounding, returning the dtype it was given."""
+    x = keras.ops.convert_to_tensor(np.linspace(-6, 6, 1201), dtype=dtype)
+    y = layers.gelu(x, approximate)
+    assert keras.backend.standardize_dtype(y.dtype) == dtype
+    # from the input as the dtype rounded it, so that only the output's rounding remains
+    expected = numpy_vit.gelu(keras.ops.convert_to_numpy(keras.ops.cast(x, "float64")),
+                              approximate)
+    got = keras.ops.convert_to_numpy(keras.ops.cast(y, "float32"))
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
 
 
 def test_int8_quantized_mlp_computes_with_its_quantized_kernels():

@@ -393,8 +393,16 @@ def describe_machine() -> dict:
 
 
 def machines_sentence(reports: list[dict]) -> str:
-    """The machines the reports were measured on, for the line under a README table."""
-    return "Machine: " + "; ".join(sorted({machine_line(r["machine"]) for r in reports})) + "."
+    """The machines the reports were measured on, for the line under a README table; where
+    they differ, which backends' rows each one measured."""
+    backends_on = {}
+    for report in reports:
+        backends_on.setdefault(machine_line(report["machine"]), set()).add(report["backend"])
+    if len(backends_on) == 1:
+        return f"Machine: {next(iter(backends_on))}."
+    return "Machines: " + "; ".join(
+        f"{', '.join(sorted(backends))} on {line}"
+        for line, backends in sorted(backends_on.items(), key=lambda item: sorted(item[1]))) + "."
 
 
 def machine_line(machine: dict) -> str:

@@ -343,6 +343,21 @@ def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
     assert "keras-jax-float32 120; torch-float32 90" in table
 
 
+def test_machines_sentence_says_which_backends_each_machine_measured():
+    from apps import bench
+
+    def report(backend, cpu):
+        return {"backend": backend, "machine": {"cpu": cpu, "logical_cores": 2, "isa": ["avx2"],
+                                                "memory_gib": 24.0, "devices": ["cpu:0"]}}
+
+    line = "{}, 2 logical cores (avx2), 24 GiB, devices cpu:0"
+    assert bench.machines_sentence([report("jax", "A"), report("torch", "A")]) == (
+        f"Machine: {line.format('A')}.")
+    assert bench.machines_sentence(
+        [report("torch", "B"), report("jax", "A"), report("tensorflow", "B")]) == (
+        f"Machines: jax on {line.format('A')}; tensorflow, torch on {line.format('B')}.")
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
 def test_bench_torch_compile_times_our_compiled_model_which_predicts_like_eager():
     import json

@@ -117,12 +117,13 @@ def no_decay_variables(model: keras.Model) -> list:
 
 def default_jit_compile(model: keras.Model) -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
-    models that compute in float32: there it made the main job model's inference 1.65x and its
-    training 1.41x faster and Ti/16's inference 1.13x, its training level; B/16's inference ran
-    at 0.95-1.0x (README, Performance: the last on the AMD machine). Not for bfloat16
-    (mixed_bfloat16): with XLA, Ti/16's training ran at 0.68x and B/16's inference at 0.51x of
-    TensorFlow's own bfloat16 kernels. Under a tf.distribute strategy Keras'
-    "auto" (no XLA), as on JAX (XLA) and PyTorch (eager)."""
+    models that compute in float32: there it made the main job model's inference 1.59x and its
+    training 1.28x faster and Ti/16's inference 1.17x, its training level; B/16's inference,
+    though, ran at 0.81-0.87x (README, Performance; 0.95-1.0x on the AMD machine), a choice by
+    width as well not yet made. Not for bfloat16 (mixed_bfloat16): with XLA, Ti/16's training
+    ran at 0.71x and B/16's inference at 0.47-0.51x of TensorFlow's own bfloat16 kernels.
+    Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and PyTorch
+    (eager)."""
     if keras.backend.backend() == "tensorflow" and computes_in_float32(model):
         import tensorflow as tf
 

@@ -92,8 +92,8 @@ def ours_runner(config, image_size, precision, batch, jit_compile=None, approxim
 
 def keras_auto_skips_xla() -> bool:
     """Whether Keras' jit_compile="auto" leaves XLA off, so that our default decides by the
-    precision: on TensorFlow without an accelerator (then the benchmark also times us with
-    the other choice)."""
+    precision and the width: on TensorFlow without an accelerator (then the benchmark also
+    times us with the other choice)."""
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
@@ -148,7 +148,8 @@ def runner_factories(config, image_size, precision, batch, peers, torch_compile=
     """Every implementation the run measures, by name, as a function that builds its runner."""
     make = {"vit_keras": lambda: ours_runner(config, image_size, precision, batch)}
     if keras_auto_skips_xla():  # the XLA choice our default did not make
-        xla = precision != "float32"
+        xla = not training.xla_pays_off_on_tensorflow_cpu(precision == "float32",
+                                                          config.hidden_size)
         make["vit_keras-xla" if xla else "vit_keras-no-xla"] = lambda: ours_runner(
             config, image_size, precision, batch, jit_compile=xla)
     if exact_gelu:

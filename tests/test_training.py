@@ -119,6 +119,33 @@ def test_mixed_bfloat16_compiles_as_keras_auto_would():
     mixed.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
 
 
+def test_wide_models_compile_as_keras_auto_would():
+    """Our XLA only below S's width, where XLA's CPU matmuls beat TensorFlow's own; the width
+    is found inside a model that wraps the ViT too."""
+    recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
+
+    def shaped(width):
+        return dict(TINY, hidden_size=width, num_layers=1, num_heads=1, mlp_dim=width)
+
+    narrow = training.compile_model(vk.vit(shaped(383), image_size=32, num_classes=3), recipe, 10)
+    wide_vit = vk.vit(shaped(384), image_size=32, include_top=False)
+
+    def wrap():
+        inputs = keras.Input((32, 32, 3))
+        return keras.Model(inputs, keras.layers.Dense(3)(wide_vit(inputs)))
+
+    wrapped = wrap()
+    assert training.transformer_width(wrapped) == 384
+    training.compile_model(wrapped, recipe, 10)
+    keras_auto = wrap()
+    keras_auto.compile(jit_compile="auto")
+    assert wrapped.jit_compile is keras_auto.jit_compile
+    assert narrow.jit_compile is (keras.backend.backend() in ("tensorflow", "jax"))
+    if tf_cpu_only():
+        assert wrapped.jit_compile is False
+    wrapped.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
+
+
 def test_history_file_keeps_one_row_per_epoch(tmp_path):
     history = training.HistoryFile(str(tmp_path / "history.json"))
     for epoch, loss in [(0, 2.0), (1, 1.5), (1, 1.4), (2, 1.0)]:  # epoch 1 ran twice

@@ -11,6 +11,8 @@ import os
 import keras
 from keras import ops
 
+from vit_keras.layers import TransformerBlock
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
@@ -115,21 +117,43 @@ def no_decay_variables(model: keras.Model) -> list:
     return [v for v in model.trainable_variables if not v.name.endswith("kernel")]
 
 
+# From this width on (S's 384) TensorFlow's own float32 kernels ran a ViT as fast as XLA or
+# faster: XLA's CPU matmul at B/16's shapes reached 140-166 GFLOP/s against oneDNN's 195-210.
+XLA_WIDTH_LIMIT = 384
+
+
 def default_jit_compile(model: keras.Model) -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
-    models that compute in float32: there it made the main job model's inference 1.59x and its
-    training 1.28x faster and Ti/16's inference 1.17x, its training level; B/16's inference,
-    though, ran at 0.81-0.87x (README, Performance; 0.95-1.0x on the AMD machine), a choice by
-    width as well not yet made. Not for bfloat16 (mixed_bfloat16): with XLA, Ti/16's training
-    ran at 0.71x and B/16's inference at 0.47-0.51x of TensorFlow's own bfloat16 kernels.
-    Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and PyTorch
-    (eager)."""
-    if keras.backend.backend() == "tensorflow" and computes_in_float32(model):
+    models that compute in float32 and are narrower than XLA_WIDTH_LIMIT: there it made the
+    main job model's inference 1.59x and its training 1.28x faster and Ti/16's inference
+    1.17x, its training level, while S/16 ran level and B/16 at 0.84x (inference) and 0.90x
+    (training) of TensorFlow's own kernels (README, Performance). Not for bfloat16
+    (mixed_bfloat16): with XLA, Ti/16's training ran at 0.71x and B/16's inference at
+    0.47-0.51x. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
+    PyTorch (eager)."""
+    if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
+            computes_in_float32(model), transformer_width(model)):
         import tensorflow as tf
 
         if not tf.distribute.has_strategy():
             return True
     return "auto"
+
+
+def xla_pays_off_on_tensorflow_cpu(float32: bool, width: int) -> bool:
+    """The rule of default_jit_compile, also for the benchmark, which times the other choice."""
+    return float32 and width < XLA_WIDTH_LIMIT
+
+
+def transformer_width(model: keras.Model) -> int:
+    """The widest TransformerBlock's token width, in nested models too; 0 without blocks."""
+    widths = [0]
+    for layer in model.layers:
+        if isinstance(layer, TransformerBlock):
+            widths.append(layer.norm_0.gamma.shape[0])
+        elif isinstance(layer, keras.Model):
+            widths.append(transformer_width(layer))
+    return max(widths)
 
 
 def computes_in_float32(model: keras.Model) -> bool:

@@ -92,9 +92,14 @@ def bench_scaling_block() -> str:
     return bench_table(reports, footer=False) + "\n\n" + machines_sentence(reports)
 
 
+def bench_xla_width_block() -> str:
+    return bench_block(os.path.join("bench", "xla-width"))
+
+
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "export": export_block, "bench": bench_block,
-          "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block}
+          "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
+          "benchxlawidth": bench_xla_width_block}
 
 
 def render(readme: str) -> str:

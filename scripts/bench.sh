@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes README's Performance tables (docs/bench/): per backend, Ti/16 and the main job's model
 # at batch 32 with training; then B/16 inference at 224 px across batch sizes and at 384 px;
-# each in float32 and mixed bfloat16 (timm under torch.autocast); then peak memory
+# each in float32 and mixed bfloat16 (timm under torch.autocast); on TensorFlow S/16 and B/16
+# in float32 with and without XLA, training too, without peers; then peak memory
 # (scripts/bench_memory.sh).
 # timm and keras-hub run beside every backend, so that each table compares within one run.
 # Beside PyTorch, ours and timm also run under torch.compile, and ours also with the exact
@@ -14,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bench_lib.sh
 
-mkdir -p docs/bench/scaling
+mkdir -p docs/bench/scaling docs/bench/xla-width
 backends=("$@")
 [ $# -eq 0 ] && backends=(tensorflow jax torch)
 for backend in "${backends[@]}"; do
@@ -24,5 +25,10 @@ for backend in "${backends[@]}"; do
     --warmup 1 --json "docs/bench/scaling/$backend-224.json"
   bench --variants B/16 --image-size 384 --batch 8 --skip-training --repeats 3 --warmup 1 \
     --json "docs/bench/scaling/$backend-384.json"
+  # the width from which TensorFlow's CPU default leaves XLA off (training.XLA_WIDTH_LIMIT)
+  if [ "$backend" = tensorflow ]; then
+    KERAS_BACKEND=tensorflow $py -m apps.bench --variants S/16 B/16 --precisions float32 \
+      --peers --repeats 3 --json docs/bench/xla-width/tensorflow.json
+  fi
 done
 bash scripts/bench_memory.sh "${backends[@]}"

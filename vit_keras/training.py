@@ -118,7 +118,8 @@ def no_decay_variables(model: keras.Model) -> list:
 
 
 # From this width on (S's 384) TensorFlow's own float32 kernels ran a ViT as fast as XLA or
-# faster: XLA's CPU matmul at B/16's shapes reached 140-166 GFLOP/s against oneDNN's 195-210.
+# faster (README's XLA-width table); in a probe XLA's CPU matmul at B/16's MLP shape reached
+# 140-166 GFLOP/s against TensorFlow's 195-210.
 XLA_WIDTH_LIMIT = 384
 
 
@@ -126,10 +127,10 @@ def default_jit_compile(model: keras.Model) -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
     models that compute in float32 and are narrower than XLA_WIDTH_LIMIT: there it made the
     main job model's inference 1.59x and its training 1.28x faster and Ti/16's inference
-    1.17x, its training level, while S/16 ran level and B/16 at 0.84x (inference) and 0.90x
-    (training) of TensorFlow's own kernels (README, Performance). Not for bfloat16
+    1.17x, its training level, while S/16 ran at 0.97x (inference) and 0.84x (training) of
+    TensorFlow's own kernels, B/16 at 0.84x and 0.98x (README, Performance). Not for bfloat16
     (mixed_bfloat16): with XLA, Ti/16's training ran at 0.71x and B/16's inference at
-    0.47-0.51x. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
+    about half the speed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
     PyTorch (eager)."""
     if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
             computes_in_float32(model), transformer_width(model)):

@@ -120,8 +120,8 @@ def test_mixed_bfloat16_compiles_as_keras_auto_would():
 
 
 def test_wide_models_compile_as_keras_auto_would():
-    """Our XLA only below S's width, where XLA's CPU matmuls beat TensorFlow's own; the width
-    is found inside a model that wraps the ViT too."""
+    """Our XLA only below S's width: from there on TensorFlow's own float32 kernels ran as
+    fast or faster. The width is found inside a model that wraps the ViT too."""
     recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
 
     def shaped(width):

@@ -129,9 +129,9 @@ def default_jit_compile(model: keras.Model) -> bool | str:
     main job model's inference 1.59x and its training 1.28x faster and Ti/16's inference
     1.17x, its training level, while S/16 ran at 0.97x (inference) and 0.84x (training) of
     TensorFlow's own kernels, B/16 at 0.84x and 0.98x (README, Performance). Not for bfloat16
-    (mixed_bfloat16): with XLA, Ti/16's training ran at 0.71x and B/16's inference at
-    about half the speed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and
-    PyTorch (eager)."""
+    (mixed_bfloat16): with XLA, Ti/16's training ran at 0.71x and B/16's inference at about
+    half the speed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA)
+    and PyTorch (eager)."""
     if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
             computes_in_float32(model), transformer_width(model)):
         import tensorflow as tf

@@ -32,7 +32,7 @@ def main(argv=None):
         names = data.FASHION_MNIST_CLASSES
     else:
         dataset, names = data.from_tfds(args.dataset, args.split, args.data_dir)
-    num_classes = model.output.shape[-1]
+    num_classes = model.outputs[0].shape[-1]
     names = names or [str(i) for i in range(num_classes)]
     batches = data.make_pipeline(dataset, image_size=tuple(model.input.shape[1:3]),
                                  num_classes=num_classes, batch_size=args.batch_size,

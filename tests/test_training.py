@@ -121,7 +121,8 @@ def test_mixed_bfloat16_compiles_as_keras_auto_would():
 
 def test_wide_models_compile_as_keras_auto_would():
     """Our XLA only below S's width: from there on TensorFlow's own float32 kernels ran as
-    fast or faster. The width is found inside a model that wraps the ViT too."""
+    fast or faster. The width is found inside a model that wraps the ViT too, a Sequential
+    (which has outputs but no output before it is called)."""
     recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
 
     def shaped(width):
@@ -131,8 +132,7 @@ def test_wide_models_compile_as_keras_auto_would():
     wide_vit = vk.vit(shaped(384), image_size=32, include_top=False)
 
     def wrap():
-        inputs = keras.Input((32, 32, 3))
-        return keras.Model(inputs, keras.layers.Dense(3)(wide_vit(inputs)))
+        return keras.Sequential([keras.Input((32, 32, 3)), wide_vit, keras.layers.Dense(3)])
 
     wrapped = wrap()
     assert training.transformer_width(wrapped) == 384

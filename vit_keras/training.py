@@ -173,7 +173,7 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
                                                   label_smoothing=recipe.label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy"),
                  # k can be at most the class count (PyTorch's topk refuses more)
-                 keras.metrics.TopKCategoricalAccuracy(k=min(5, model.output.shape[-1]),
+                 keras.metrics.TopKCategoricalAccuracy(k=min(5, model.outputs[0].shape[-1]),
                                                        name="top5")],
         jit_compile="auto" if jit_compile is None else jit_compile,
         steps_per_execution=steps_per_execution,

@@ -148,8 +148,7 @@ def runner_factories(config, image_size, precision, batch, peers, torch_compile=
     """Every implementation the run measures, by name, as a function that builds its runner."""
     make = {"vit_keras": lambda: ours_runner(config, image_size, precision, batch)}
     if keras_auto_skips_xla():  # the XLA choice our default did not make
-        xla = not training.xla_pays_off_on_tensorflow_cpu(precision == "float32",
-                                                          config.hidden_size)
+        xla = not training.xla_pays_off_on_tensorflow_cpu(precision, config.hidden_size)
         make["vit_keras-xla" if xla else "vit_keras-no-xla"] = lambda: ours_runner(
             config, image_size, precision, batch, jit_compile=xla)
     if exact_gelu:

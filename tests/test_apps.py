@@ -157,26 +157,20 @@ def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
                          str(tmp_path / "bench.json")])
     assert report["peers"] == {"timm": True, "keras-hub": True}
     runs = {(r["implementation"], r["precision"]) for r in report["results"]}
-    # On TensorFlow's CPU our other XLA choice too: without it in float32, with it in bfloat16.
-    other = {"float32": ["vit_keras-no-xla"], "bfloat16": ["vit_keras-xla"]}
-    if not tf_cpu_only():
-        other = {"float32": [], "bfloat16": []}
-    names = {precision: ["vit_keras", "timm", "keras-hub"] + extra
-             for precision, extra in other.items()}
+    # On TensorFlow's CPU our other XLA choice too: without it, the smoke model being narrow.
+    other = ["vit_keras-no-xla"] if tf_cpu_only() else []
+    names = {precision: ["vit_keras", "timm", "keras-hub"] + other
+             for precision in ("float32", "bfloat16")}
     assert runs == {(name, precision) for precision in names for name in names[precision]}
-    # XLA: ours on TensorFlow in float32 and on JAX, keras-hub where Keras' "auto" chooses
-    # it; timm eager.
+    # XLA: ours on TensorFlow and JAX in both precisions, keras-hub where Keras' "auto"
+    # chooses it; timm eager.
     backend = keras.backend.backend()
     keras_auto = backend == "jax" or (backend == "tensorflow" and not tf_cpu_only())
-    expected_jit = {
-        "float32": {"vit_keras": backend in ("tensorflow", "jax"), "vit_keras-no-xla": False,
-                    "timm": False, "keras-hub": keras_auto},
-        "bfloat16": {"vit_keras": keras_auto, "vit_keras-xla": True, "timm": False,
-                     "keras-hub": keras_auto}}
+    expected_jit = {"vit_keras": backend in ("tensorflow", "jax"), "vit_keras-no-xla": False,
+                    "timm": False, "keras-hub": keras_auto}
     assert {(r["implementation"], r["precision"]): r["jit_compile"]
             for r in report["results"]} == {
-        (name, precision): expected_jit[precision][name]
-        for precision in names for name in names[precision]}
+        (name, precision): expected_jit[name] for precision in names for name in names[precision]}
     # The peers are built from our config: the same architecture, hence the same count.
     config = bench.vk.ViTConfig(**bench.SMOKE_MODEL)
     expected = bench.vk.vit(config, image_size=32, num_classes=1000).count_params()

@@ -117,23 +117,26 @@ def no_decay_variables(model: keras.Model) -> list:
     return [v for v in model.trainable_variables if not v.name.endswith("kernel")]
 
 
-# From this width on (S's 384) TensorFlow's own float32 kernels ran a ViT as fast as XLA or
-# faster (README's XLA-width table); in a probe XLA's CPU matmul at B/16's MLP shape reached
-# 140-166 GFLOP/s against TensorFlow's 195-210.
-XLA_WIDTH_LIMIT = 384
+# The width from which TensorFlow's own CPU kernels ran a ViT as fast as XLA or faster, by
+# compute dtype: in float32 S's 384 (README's XLA-width table; in a probe XLA's CPU matmul at
+# B/16's MLP shape reached 140-166 GFLOP/s against TensorFlow's 195-210); in bfloat16, whose
+# dots XLA's CPU backend runs without the CPU's bfloat16 instructions, already Ti's 192 (the
+# Ti/16 and main-model table). Widths between the main job model's 64 and 192 were not timed.
+XLA_WIDTH_LIMITS = {"float32": 384, "bfloat16": 192}
 
 
 def default_jit_compile(model: keras.Model) -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
-    models that compute in float32 and are narrower than XLA_WIDTH_LIMIT: there it made the
-    main job model's inference 1.59x and its training 1.28x faster and Ti/16's inference
-    1.17x, its training level, while S/16 ran at 0.97x (inference) and 0.84x (training) of
-    TensorFlow's own kernels, B/16 at 0.84x and 0.98x (README, Performance). Not for bfloat16
-    (mixed_bfloat16): with XLA, Ti/16's training ran at 0.71x and B/16's inference at about
-    half the speed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA)
-    and PyTorch (eager)."""
+    models narrower than XLA_WIDTH_LIMITS gives for their compute dtype (float32, or
+    mixed_bfloat16's bfloat16): in float32 it made the main job model's inference 1.59x and
+    its training 1.28x faster and Ti/16's inference 1.17x, its training level, while S/16 ran
+    at 0.97x (inference) and 0.84x (training) of TensorFlow's own kernels, B/16 at 0.84x and
+    0.98x; in bfloat16 the main job model's inference 1.54x and its training 1.12x, while
+    Ti/16 ran at 0.77x and 0.71x (README, Performance). Other compute dtypes (float16) keep
+    Keras' choice, untimed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX
+    (XLA) and PyTorch (eager)."""
     if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
-            computes_in_float32(model), transformer_width(model)):
+            compute_precision(model), transformer_width(model)):
         import tensorflow as tf
 
         if not tf.distribute.has_strategy():
@@ -141,9 +144,9 @@ def default_jit_compile(model: keras.Model) -> bool | str:
     return "auto"
 
 
-def xla_pays_off_on_tensorflow_cpu(float32: bool, width: int) -> bool:
+def xla_pays_off_on_tensorflow_cpu(precision: str | None, width: int) -> bool:
     """The rule of default_jit_compile, also for the benchmark, which times the other choice."""
-    return float32 and width < XLA_WIDTH_LIMIT
+    return width < XLA_WIDTH_LIMITS.get(precision, 0)
 
 
 def transformer_width(model: keras.Model) -> int:
@@ -157,8 +160,13 @@ def transformer_width(model: keras.Model) -> int:
     return max(widths)
 
 
-def computes_in_float32(model: keras.Model) -> bool:
-    return all(layer.compute_dtype == "float32" for layer in model.layers)
+def compute_precision(model: keras.Model) -> str | None:
+    """"float32" when every layer computes in float32, "bfloat16" when the others compute in
+    bfloat16 (mixed_bfloat16, whose heads keep float32 logits), else None."""
+    dtypes = {layer.compute_dtype for layer in model.layers}
+    if dtypes == {"float32"}:
+        return "float32"
+    return "bfloat16" if dtypes <= {"float32", "bfloat16"} else None
 
 
 def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,

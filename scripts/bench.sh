@@ -25,7 +25,7 @@ for backend in "${backends[@]}"; do
     --warmup 1 --json "docs/bench/scaling/$backend-224.json"
   bench --variants B/16 --image-size 384 --batch 8 --skip-training --repeats 3 --warmup 1 \
     --json "docs/bench/scaling/$backend-384.json"
-  # the width from which TensorFlow's CPU default leaves XLA off (training.XLA_WIDTH_LIMIT)
+  # the float32 width from which TensorFlow's CPU default leaves XLA off (XLA_WIDTH_LIMITS)
   if [ "$backend" = tensorflow ]; then
     KERAS_BACKEND=tensorflow $py -m apps.bench --variants S/16 B/16 --precisions float32 \
       --peers --repeats 3 --json docs/bench/xla-width/tensorflow.json

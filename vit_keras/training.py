@@ -128,13 +128,13 @@ XLA_WIDTH_LIMITS = {"float32": 384, "bfloat16": 192}
 def default_jit_compile(model: keras.Model) -> bool | str:
     """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
     models narrower than XLA_WIDTH_LIMITS gives for their compute dtype (float32, or
-    mixed_bfloat16's bfloat16): in float32 it made the main job model's inference 1.59x and
-    its training 1.28x faster and Ti/16's inference 1.17x, its training level, while S/16 ran
-    at 0.97x (inference) and 0.84x (training) of TensorFlow's own kernels, B/16 at 0.84x and
-    0.98x; in bfloat16 the main job model's inference 1.54x and its training 1.12x, while
-    Ti/16 ran at 0.77x and 0.71x (README, Performance). Other compute dtypes (float16) keep
-    Keras' choice, untimed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX
-    (XLA) and PyTorch (eager)."""
+    mixed_bfloat16's bfloat16): in float32 it made the main job model's inference 1.60x and
+    its training 1.59x faster and Ti/16's 1.13x and 1.06x, while S/16 ran at 0.97x (inference)
+    and 0.84x (training) of TensorFlow's own kernels, B/16 at 0.84x and 0.98x; in bfloat16 the
+    main job model's inference 1.28x and its training 1.07x, while Ti/16 ran at 0.77x and
+    0.63x (README, Performance). Other compute dtypes (float16) keep Keras' choice, untimed.
+    Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and PyTorch
+    (eager)."""
     if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
             compute_precision(model), transformer_width(model)):
         import tensorflow as tf

@@ -161,8 +161,9 @@ def transformer_width(model: keras.Model) -> int:
 
 
 def compute_precision(model: keras.Model) -> str | None:
-    """"float32" when every layer computes in float32, "bfloat16" when the others compute in
-    bfloat16 (mixed_bfloat16, whose heads keep float32 logits), else None."""
+    """The precision XLA_WIDTH_LIMITS is keyed by: float32 when every layer computes in it,
+    bfloat16 when the others compute in bfloat16 (mixed_bfloat16, whose head keeps float32
+    logits), else None."""
     dtypes = {layer.compute_dtype for layer in model.layers}
     if dtypes == {"float32"}:
         return "float32"

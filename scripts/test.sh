@@ -11,5 +11,9 @@ fi
 for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend"
   # pytest exits 5 when it collects no test: that is a failure here too.
-  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider "$@" tests
+  # Two worker processes, one a core: most tests wait on Python and tracing rather than on
+  # both cores, so this about halves the suite's time.
+  # A test module stays on one worker (--dist loadfile), so its module fixtures run once.
+  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 \
+    --dist loadfile "$@" tests
 done

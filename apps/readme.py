@@ -96,10 +96,14 @@ def bench_xla_width_block() -> str:
     return bench_block(os.path.join("bench", "xla-width"))
 
 
+def bench_avx2_block() -> str:
+    return bench_block(os.path.join("bench", "avx2"))
+
+
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
-          "benchxlawidth": bench_xla_width_block}
+          "benchxlawidth": bench_xla_width_block, "benchavx2": bench_avx2_block}
 
 
 def render(readme: str) -> str:

@@ -113,11 +113,12 @@ def test_no_xla_by_default_under_a_distribution_strategy():
 @pytest.mark.parametrize("policy, width, ours", [
     ("mixed_bfloat16", 191, True), ("mixed_bfloat16", 192, False), ("float32", 192, True),
     ("mixed_float16", 32, False)])
-def test_mixed_precision_compiles_by_its_width_limit(policy, width, ours):
-    """Our XLA under mixed_bfloat16 only below Ti's width (XLA's CPU bfloat16 dots are slower
-    than TensorFlow's there; tiny models gain from XLA's fusion all the same), where float32
-    keeps it up to S's; mixed_float16 (untimed) keeps Keras' choice. Elsewhere Keras' "auto"
-    decides (XLA on JAX), and the model trains either way."""
+def test_mixed_precision_compiles_by_its_width_limit(policy, width, ours, monkeypatch):
+    """On a CPU with AVX-512, our XLA under mixed_bfloat16 only below Ti's width (XLA's CPU
+    bfloat16 dots are slower than TensorFlow's there; tiny models gain from XLA's fusion all
+    the same), where float32 keeps it up to S's; mixed_float16 (untimed) keeps Keras' choice.
+    Elsewhere Keras' "auto" decides (XLA on JAX), and the model trains either way."""
+    monkeypatch.setattr(training, "cpu_has_avx512", lambda: True)
     recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
     config = dict(TINY, hidden_size=width, num_layers=1, num_heads=1, mlp_dim=width)
     keras.config.set_dtype_policy(policy)  # the conftest fixture sets float32 back
@@ -131,10 +132,11 @@ def test_mixed_precision_compiles_by_its_width_limit(policy, width, ours):
         model.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
 
 
-def test_wide_models_compile_as_keras_auto_would():
-    """Our XLA only below S's width: from there on TensorFlow's own float32 kernels ran as
-    fast or faster. The width is found inside a model that wraps the ViT too, a Sequential
-    (which has outputs but no output before it is called)."""
+def test_wide_models_compile_as_keras_auto_would(monkeypatch):
+    """On a CPU with AVX-512, our XLA only below S's width: from there on TensorFlow's own
+    float32 kernels ran as fast or faster. The width is found inside a model that wraps the ViT
+    too, a Sequential (which has outputs but no output before it is called)."""
+    monkeypatch.setattr(training, "cpu_has_avx512", lambda: True)
     recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
 
     def shaped(width):
@@ -156,6 +158,30 @@ def test_wide_models_compile_as_keras_auto_would():
     if tf_cpu_only():
         assert wrapped.jit_compile is False
     wrapped.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
+
+
+@pytest.mark.parametrize("policy, ours", [
+    ("float32", True), ("mixed_bfloat16", True), ("mixed_float16", False)])
+def test_without_avx512_every_width_compiles_with_xla(policy, ours, monkeypatch):
+    """Without AVX-512 XLA ran every width faster on TensorFlow's CPU (README's AVX2 table),
+    so the width limits do not apply there; float16 still keeps Keras' choice."""
+    monkeypatch.setattr(training, "cpu_has_avx512", lambda: False)
+    recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
+    wide = dict(TINY, hidden_size=768, num_layers=1, num_heads=1, mlp_dim=32)
+    keras.config.set_dtype_policy(policy)  # the conftest fixture sets float32 back
+    model = training.compile_model(vk.vit(wide, image_size=16, num_classes=3), recipe, 10)
+    keras_auto = vk.vit(wide, image_size=16, num_classes=3)
+    keras_auto.compile(jit_compile="auto")
+    assert model.jit_compile is (True if ours and tf_cpu_only() else keras_auto.jit_compile)
+
+
+def test_avx512_is_read_from_the_cpu_flags():
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
+             for flag in line.partition(":")[2].split()}
+    assert training.cpu_has_avx512() is ("avx512f" in flags)
 
 
 def test_history_file_keeps_one_row_per_epoch(tmp_path):

@@ -4,6 +4,7 @@ with weight decay on kernels only, callbacks that let an interrupted run resume.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -122,6 +123,8 @@ def no_decay_variables(model: keras.Model) -> list:
 # B/16's MLP shape reached 140-166 GFLOP/s against TensorFlow's 195-210); in bfloat16, whose
 # dots XLA's CPU backend runs without the CPU's bfloat16 instructions, already Ti's 192 (the
 # Ti/16 and main-model table). Widths between the main job model's 64 and 192 were not timed.
+# Measured on a CPU with AVX-512 and AMX; without AVX-512 there is no limit
+# (xla_pays_off_on_tensorflow_cpu).
 XLA_WIDTH_LIMITS = {"float32": 384, "bfloat16": 192}
 
 
@@ -132,9 +135,10 @@ def default_jit_compile(model: keras.Model) -> bool | str:
     its training 1.59x faster and Ti/16's 1.13x and 1.06x, while S/16 ran at 0.97x (inference)
     and 0.84x (training) of TensorFlow's own kernels, B/16 at 0.84x and 0.98x; in bfloat16 the
     main job model's inference 1.28x and its training 1.07x, while Ti/16 ran at 0.77x and
-    0.63x (README, Performance). Other compute dtypes (float16) keep Keras' choice, untimed.
-    Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA) and PyTorch
-    (eager)."""
+    0.63x (README, Performance). On CPUs without AVX-512 every width gets XLA in both
+    precisions (xla_pays_off_on_tensorflow_cpu). Other compute dtypes (float16) keep Keras'
+    choice, untimed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA)
+    and PyTorch (eager)."""
     if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
             compute_precision(model), transformer_width(model)):
         import tensorflow as tf
@@ -145,8 +149,25 @@ def default_jit_compile(model: keras.Model) -> bool | str:
 
 
 def xla_pays_off_on_tensorflow_cpu(precision: str | None, width: int) -> bool:
-    """The rule of default_jit_compile, also for the benchmark, which times the other choice."""
-    return width < XLA_WIDTH_LIMITS.get(precision, 0)
+    """The rule of default_jit_compile, also for the benchmark, which times the other choice.
+    The width limits hold on CPUs with AVX-512, where they were measured; on one without it (an
+    AVX2-only AMD EPYC) XLA ran every width faster in float32 and bfloat16 (README's AVX2
+    table): B/16 inference 1.27x and 1.33x, S/16 training 1.21x and 1.24x; Ti/16 in bfloat16
+    1.60x (inference) and 1.26x (training)."""
+    if precision not in XLA_WIDTH_LIMITS:
+        return False
+    return width < XLA_WIDTH_LIMITS[precision] or not cpu_has_avx512()
+
+
+@functools.cache
+def cpu_has_avx512() -> bool:
+    """Whether the CPU has AVX-512 (Linux's /proc/cpuinfo); elsewhere assumed, which keeps the
+    width limits."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            return any("avx512f" in line.split() for line in file if line.startswith("flags"))
+    except OSError:
+        return True
 
 
 def transformer_width(model: keras.Model) -> int:

@@ -181,7 +181,7 @@ def test_avx512_is_read_from_the_cpu_flags():
         pytest.skip("no /proc/cpuinfo")
     flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
              for flag in line.partition(":")[2].split()}
-    assert training.cpu_has_avx512() is ("avx512f" in flags)
+    assert training.cpu_has_avx512() is ("avx512f" in flags or not flags)
 
 
 def test_history_file_keeps_one_row_per_epoch(tmp_path):

@@ -161,13 +161,14 @@ def xla_pays_off_on_tensorflow_cpu(precision: str | None, width: int) -> bool:
 
 @functools.cache
 def cpu_has_avx512() -> bool:
-    """Whether the CPU has AVX-512 (Linux's /proc/cpuinfo); elsewhere assumed, which keeps the
-    width limits."""
+    """Whether an x86 CPU has AVX-512 (Linux's /proc/cpuinfo). Where no x86 flags can be read
+    (another OS, an Arm CPU: untimed) it is assumed, which keeps the width limits."""
     try:
         with open("/proc/cpuinfo") as file:
-            return any("avx512f" in line.split() for line in file if line.startswith("flags"))
+            flags = [line.split() for line in file if line.startswith("flags")]
     except OSError:
         return True
+    return not flags or "avx512f" in flags[0]
 
 
 def transformer_width(model: keras.Model) -> int:

@@ -36,6 +36,7 @@ import numpy as np  # noqa: E402
 import vit_keras as vk  # noqa: E402
 from apps.train import MAIN_JOB_MODEL  # noqa: E402
 from vit_keras import training  # noqa: E402
+from vit_keras.cpu import cpu_flags, first_cpu_info  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
@@ -378,13 +379,8 @@ def backend_devices() -> list[str]:
 
 def describe_machine() -> dict:
     """What the rates depend on: the CPU, its cores and vector extensions, memory, devices."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as file:
-            first_cpu = file.read().split("\n\n")[0]
-        info = dict(map(str.strip, line.split(":", 1)) for line in first_cpu.splitlines()
-                    if ":" in line)
-        cpu, flags = info.get("model name", cpu), set(info.get("flags", "").split())
+    cpu = first_cpu_info().get("model name") or platform.processor() or platform.machine()
+    flags = cpu_flags()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {"cpu": cpu, "logical_cores": os.cpu_count(),
             "isa": [flag for flag in ISA_FLAGS if flag in flags],

@@ -4,7 +4,6 @@ with weight decay on kernels only, callbacks that let an interrupted run resume.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -12,6 +11,7 @@ import os
 import keras
 from keras import ops
 
+from vit_keras.cpu import cpu_has_avx512
 from vit_keras.layers import TransformerBlock
 
 
@@ -157,18 +157,6 @@ def xla_pays_off_on_tensorflow_cpu(precision: str | None, width: int) -> bool:
     if precision not in XLA_WIDTH_LIMITS:
         return False
     return width < XLA_WIDTH_LIMITS[precision] or not cpu_has_avx512()
-
-
-@functools.cache
-def cpu_has_avx512() -> bool:
-    """Whether an x86 CPU has AVX-512 (Linux's /proc/cpuinfo). Where no x86 flags can be read
-    (another OS, an Arm CPU: untimed) it is assumed, which keeps the width limits."""
-    try:
-        with open("/proc/cpuinfo") as file:
-            flags = [line.split() for line in file if line.startswith("flags")]
-    except OSError:
-        return True
-    return not flags or "avx512f" in flags[0]
 
 
 def transformer_width(model: keras.Model) -> int:

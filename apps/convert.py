@@ -11,7 +11,7 @@ import argparse
 import keras
 
 from apps.common import add_model_arguments, model_from_arguments
-from vit_keras.checkpoints import load_weights, save_weights
+from vit_keras.weights import load_weights, save_weights
 
 
 def build_parser() -> argparse.ArgumentParser:

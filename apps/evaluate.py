@@ -10,28 +10,20 @@ import os
 
 import keras
 
+from apps.common import add_data_arguments
 from vit_keras import data, evaluation
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a .keras file")
-    parser.add_argument("--dataset", default="fashion_mnist", help="fashion_mnist or a tfds name")
-    parser.add_argument("--folder", help="evaluate on DIR/<class>/<images> instead")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--data-dir")
+    add_data_arguments(parser, "held-out images").add_argument("--split", default="test")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
     model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
-    if args.folder:
-        dataset, names = data.from_folder(args.folder)
-    elif args.dataset == "fashion_mnist":
-        dataset = data.from_arrays(*data.load_fashion_mnist(args.split, args.data_dir))
-        names = data.FASHION_MNIST_CLASSES
-    else:
-        dataset, names = data.from_tfds(args.dataset, args.split, args.data_dir)
+    dataset, names = data.load_source(args.dataset, args.split, args.folder, args.data_dir)
     num_classes = model.outputs[0].shape[-1]
     names = names or [str(i) for i in range(num_classes)]
     batches = data.make_pipeline(dataset, image_size=tuple(model.input.shape[1:3]),

@@ -13,7 +13,9 @@ import sys
 
 import keras
 
-from vit_keras import data
+from apps.common import add_data_arguments
+from vit_keras import data, export
+from vit_keras.export.formats import FORMATS
 
 
 def build_parser():
@@ -21,14 +23,10 @@ def build_parser():
     parser.add_argument("model", help="a .keras file")
     parser.add_argument("--name", help="folder name under savedmodels/ (default: the run's)")
     parser.add_argument("--out", help="output folder (default savedmodels/<name>)")
-    parser.add_argument("--formats", nargs="+", default=None,
-                        help="some of saved_model tflite_float32 tflite_float16 "
-                             "tflite_dynamic_int8 tflite_int8 onnx (default: all)")
+    parser.add_argument("--formats", nargs="+", default=None, choices=list(FORMATS),
+                        help="some of the formats (default: all)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export")
-    parser.add_argument("--dataset", default="fashion_mnist",
-                        help="verification and calibration images: fashion_mnist or a tfds name")
-    parser.add_argument("--folder", help="take those images from DIR/<class>/<images> instead")
-    parser.add_argument("--data-dir")
+    add_data_arguments(parser, "verification and calibration images")
     parser.add_argument("--samples", type=int, default=200, help="held-out images to verify on")
     parser.add_argument("--calibration", type=int, default=100,
                         help="training images for int8 calibration")
@@ -36,12 +34,7 @@ def build_parser():
 
 
 def images_for(args, model, split, count):
-    if args.folder:
-        dataset, _ = data.from_folder(args.folder)
-    elif args.dataset == "fashion_mnist":
-        dataset = data.from_arrays(*data.load_fashion_mnist(split, args.data_dir))
-    else:
-        dataset, _ = data.from_tfds(args.dataset, split, args.data_dir)
+    dataset, _ = data.load_source(args.dataset, split, args.folder, args.data_dir)
     return data.sample_images(dataset, tuple(model.input.shape[1:3]), model.input.shape[-1],
                               count)
 
@@ -55,20 +48,17 @@ def main(argv=None):
         if done.returncode:
             raise SystemExit(done.returncode)
         return None
-    from vit_keras import export
-
     args = build_parser().parse_args(argv)
     model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
     name = args.name or os.path.basename(os.path.dirname(os.path.abspath(args.model)))
     out = args.out or os.path.join("savedmodels", name)
     labels_file = os.path.join(os.path.dirname(args.model), "labels.txt")
     labels = open(labels_file).read().splitlines() if os.path.exists(labels_file) else None
-    samples = images_for(args, model, "test" if not args.folder else None, args.samples)
-    calibration = images_for(args, model, "train" if not args.folder else None,
-                             args.calibration)
+    samples = images_for(args, model, "test", args.samples)
+    calibration = images_for(args, model, "train", args.calibration)
     try:
         report = export.export_all(model, out, samples, calibration, labels,
-                                   formats=tuple(args.formats or export.FORMATS),
+                                   formats=tuple(args.formats or FORMATS),
                                    overwrite=args.overwrite)
     finally:
         report_path = os.path.join(out, "export_report.json")

@@ -13,6 +13,7 @@ import keras
 import matplotlib
 import numpy as np
 
+from apps.common import add_data_arguments
 from vit_keras import analysis, data
 from vit_keras.preprocessing import preprocess
 
@@ -79,19 +80,12 @@ def main(argv=None):
     parser.add_argument("--out", help="output folder (default: inspect/ beside the model)")
     parser.add_argument("--images", type=int, default=6, help="how many images to draw")
     parser.add_argument("--distance-images", type=int, default=64)
-    parser.add_argument("--dataset", default="fashion_mnist")
-    parser.add_argument("--folder", help="images from DIR/<class>/<images> instead")
-    parser.add_argument("--data-dir")
+    add_data_arguments(parser, "images to draw")
     args = parser.parse_args(argv)
     model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.model)), "inspect")
     os.makedirs(out, exist_ok=True)
-    if args.folder:
-        dataset, _ = data.from_folder(args.folder)
-    elif args.dataset == "fashion_mnist":
-        dataset = data.from_arrays(*data.load_fashion_mnist("test", args.data_dir))
-    else:
-        dataset, _ = data.from_tfds(args.dataset, "test", args.data_dir)
+    dataset, _ = data.load_source(args.dataset, "test", args.folder, args.data_dir)
     count = max(args.images, args.distance_images)
     pixels = data.sample_images(dataset, tuple(model.input.shape[1:3]), model.input.shape[-1],
                                 count)

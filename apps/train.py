@@ -15,26 +15,25 @@ import time
 
 import keras
 
-from apps.common import add_model_arguments, model_from_arguments
-from vit_keras import data, distribute, pretrained, training
-from vit_keras.checkpoints import load_weights
+from apps.common import add_data_arguments, add_model_arguments, model_from_arguments
+from vit_keras import data, distribute, training
+from vit_keras.weights import load_weights
 
 # The main job's model: 7x7 patches of 4x4 pixels, 4 blocks of width 64, global average
-# pooling and fixed sincos2d position embeddings (big_vision's "plain ViT" choices; on this
-# job they did better than the class token with learned 1-D embeddings in our runs).
+# pooling and fixed sincos2d position embeddings (big_vision's "plain ViT" choices).
 MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
                       patch_size=4, image_size=28, num_classes=10, classifier="gap",
                       posemb="sincos2d")
+# The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
+# (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
+MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
+JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = parser.add_argument_group("data")
-    source.add_argument("--dataset", default="fashion_mnist",
-                        help="fashion_mnist (offline IDX files) or any tfds name")
-    source.add_argument("--folder", help="train on DIR/<class>/<images> instead")
+    source = add_data_arguments(parser, "training and held-out images")
     source.add_argument("--eval-folder", help="held-out DIR/<class>/<images> for --folder")
-    source.add_argument("--data-dir", help="tfds data_dir, or where the IDX files are")
     source.add_argument("--train-split", default="train")
     source.add_argument("--eval-split", default="test")
     source.add_argument("--on-bad-image", default="skip", choices=["skip", "raise"])
@@ -56,25 +55,45 @@ def build_parser() -> argparse.ArgumentParser:
                      help="evaluate on the first N held-out images only")
     run.add_argument("--run-dir", default=None, help="default runs/<dataset>")
     run.add_argument("--distribution", default="auto", choices=distribute.KINDS,
-                     help="auto picks from the devices present (see README, Scaling out)")
+                     help="auto picks from the devices present (see docs/distribute.md)")
     run.add_argument("--tpu", help="TPU name or grpc:// address for --distribution tpu")
     run.add_argument("--model-axis", type=int, default=2, help="devices per model replica "
                                                                "for --distribution model-parallel")
     run.add_argument("--steps-per-execution", type=int, default=1,
                      help="train steps per compiled call (TPU: 32 or more)")
+    run.add_argument("--jit-compile", default=None, choices=sorted(JIT_COMPILE),
+                     help="model.compile's jit_compile (XLA on TensorFlow and JAX, "
+                          "torch.compile on PyTorch); default Keras' auto, and true for the "
+                          "main job on TensorFlow")
     run.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
     add_model_arguments(parser, variant=None, image_size=None)
     return parser
 
 
-def fill_main_job_defaults(args) -> None:
+def fill_defaults(args) -> None:
     """Without --variant the model is the main job's; flags given still win."""
-    if args.variant is None:
+    main_job = args.variant is None
+    if main_job:
         for key, value in MAIN_JOB_MODEL.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
     elif args.image_size is None:
         args.image_size = 224
+    if args.jit_compile is None:
+        backend = keras.backend.backend()
+        args.jit_compile = MAIN_JOB_JIT_COMPILE.get(backend, "auto") if main_job else "auto"
+    if args.recipe is None:
+        plain_main_job = args.dataset == "fashion_mnist" and not args.folder
+        args.recipe = "fashion_mnist" if plain_main_job else "scratch"
+
+
+def recipe_from_arguments(args) -> training.Recipe:
+    recipe = training.RECIPES[args.recipe]
+    if args.grad_accum or args.ema:
+        recipe = dataclasses.replace(
+            recipe, ema_momentum=args.ema or recipe.ema_momentum,
+            gradient_accumulation_steps=args.grad_accum or recipe.gradient_accumulation_steps)
+    return recipe
 
 
 def _count(dataset) -> int:
@@ -84,72 +103,44 @@ def _count(dataset) -> int:
 
 def load_sources(args):
     """(train dataset, eval dataset or None, class names)."""
+    train, names = data.load_source(args.dataset, args.train_split, args.folder, args.data_dir,
+                                    args.on_bad_image)
     if args.folder:
-        train, names = data.from_folder(args.folder, on_error=args.on_bad_image)
         evaluation = (data.from_folder(args.eval_folder, on_error=args.on_bad_image)[0]
                       if args.eval_folder else None)
-        return train, evaluation, names
-    if args.dataset == "fashion_mnist":
-        train = data.from_arrays(*data.load_fashion_mnist(args.train_split, args.data_dir))
-        test = data.from_arrays(*data.load_fashion_mnist(args.eval_split, args.data_dir))
-        return train, test, data.FASHION_MNIST_CLASSES
-    train, names = data.from_tfds(args.dataset, args.train_split, args.data_dir)
-    evaluation, _ = data.from_tfds(args.dataset, args.eval_split, args.data_dir)
-    return train, evaluation, names
-
-
-def main(argv=None):
-    args = build_parser().parse_args(argv)
-    fill_main_job_defaults(args)
-    started = time.time()
-    recipe_name = args.recipe or ("fashion_mnist" if args.dataset == "fashion_mnist"
-                                  and not args.folder else "scratch")
-    recipe = training.RECIPES[recipe_name]
-    if args.grad_accum or args.ema:
-        recipe = dataclasses.replace(
-            recipe, ema_momentum=args.ema or recipe.ema_momentum,
-            gradient_accumulation_steps=args.grad_accum or recipe.gradient_accumulation_steps)
-    run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
-    train, evaluation, names = load_sources(args)
+    else:
+        evaluation, _ = data.load_source(args.dataset, args.eval_split, None, args.data_dir)
     if args.limit:
         train = train.take(args.limit)
     if args.eval_limit and evaluation is not None:
         evaluation = evaluation.take(args.eval_limit)
-    count = _count(train)
-    num_classes = len(names) or args.num_classes
-    keras.config.set_dtype_policy(args.precision)
-    distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
+    return train, evaluation, names
+
+
+def pipelines(args, recipe, train, evaluation, num_classes):
+    """(repeated training batches, held-out batches or None)."""
+    common = dict(image_size=args.image_size, num_classes=num_classes,
+                  batch_size=args.batch_size, channels=3)
+    train_batches = data.make_pipeline(train, training=True, **training.pipeline_options(recipe),
+                                       **common).repeat()
+    eval_batches = (data.make_pipeline(evaluation, training=False, cache=True, **common)
+                    if evaluation is not None else None)
+    return train_batches, eval_batches
+
+
+def build_model(args, recipe, num_classes, distribution) -> keras.Model:
     with distribution.scope:
         model = model_from_arguments(args, num_classes=num_classes,
                                      dropout_rate=recipe.dropout_rate,
                                      stochastic_depth_rate=recipe.stochastic_depth_rate)
         if args.weights:
-            weights = (pretrained.fetch(args.variant, args.weights)
-                       if pretrained.is_name(args.weights) else args.weights)
-            report = load_weights(model, weights)
+            report = load_weights(model, args.weights, variant=args.variant)
             print(report if report is not None else f"{args.weights}: loaded")
-    augment = ()
-    if recipe.randaugment:
-        augment = (keras.layers.RandAugment(value_range=(0, 255), num_ops=recipe.randaugment[0],
-                                            factor=recipe.randaugment[1]),)
-    pipeline = dict(image_size=args.image_size, num_classes=num_classes,
-                    batch_size=args.batch_size, channels=3)
-    train_batches = data.make_pipeline(
-        train, training=True, crop=recipe.crop, flip=recipe.flip, augment=augment,
-        mixup_alpha=recipe.mixup_alpha, cutmix_alpha=recipe.cutmix_alpha, **pipeline).repeat()
-    eval_batches = (data.make_pipeline(evaluation, training=False, cache=True, **pipeline)
-                    if evaluation is not None else None)
-    steps = max(count // args.batch_size, 1)
-    print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
-          f"{recipe_name} for {args.epochs} epochs of {steps} steps (global batch "
-          f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "
-          f"{distribution.kind}); run dir {run_dir}")
-    fit_started = time.time()
-    history = training.train(model, recipe, train_batches, epochs=args.epochs,
-                             steps_per_epoch=steps, run_dir=run_dir,
-                             validation_data=eval_batches, learning_rate=args.learning_rate,
-                             distribution=distribution,
-                             steps_per_execution=args.steps_per_execution)
+    return model
+
+
+def write_results(args, run_dir, model, names, num_classes, history, eval_batches, started,
+                  fit_started) -> dict:
     model_path = os.path.join(run_dir, "model.keras")
     model.save(model_path)
     with open(os.path.join(run_dir, "labels.txt"), "w") as file:
@@ -167,6 +158,35 @@ def main(argv=None):
     print(f"model: {model_path}; history: {os.path.join(run_dir, 'history.csv')}; "
           f"labels: {os.path.join(run_dir, 'labels.txt')}")
     return result
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    fill_defaults(args)
+    started = time.time()
+    recipe = recipe_from_arguments(args)
+    run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
+    train, evaluation, names = load_sources(args)
+    count = _count(train)
+    num_classes = len(names) or args.num_classes
+    keras.config.set_dtype_policy(args.precision)
+    distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
+    model = build_model(args, recipe, num_classes, distribution)
+    train_batches, eval_batches = pipelines(args, recipe, train, evaluation, num_classes)
+    steps = max(count // args.batch_size, 1)
+    print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
+          f"{args.recipe} for {args.epochs} epochs of {steps} steps (global batch "
+          f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "
+          f"{distribution.kind}, jit_compile {args.jit_compile}); run dir {run_dir}")
+    fit_started = time.time()
+    history = training.train(model, recipe, train_batches, epochs=args.epochs,
+                             steps_per_epoch=steps, run_dir=run_dir,
+                             validation_data=eval_batches, learning_rate=args.learning_rate,
+                             distribution=distribution,
+                             jit_compile=JIT_COMPILE[args.jit_compile],
+                             steps_per_execution=args.steps_per_execution)
+    return write_results(args, run_dir, model, names, num_classes, history, eval_batches,
+                         started, fit_started)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import argparse
 import keras
 
 import vit_keras as vk
-from vit_keras import pretrained
+from vit_keras.weights import pretrained
 
 
 def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:

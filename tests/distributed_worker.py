@@ -80,7 +80,7 @@ elif MODE == "jax-model-parallel":
     mp = distribute.choose("model-parallel", model_axis=2)
     model = train(mp)
     specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
-    query = specs["Transformer_encoderblock_0/MultiHeadDotProductAttention_1/query_kernel"]
+    query = specs["Transformer_encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"]
     dense = specs["Transformer_encoderblock_0/MlpBlock_3/Dense_0/kernel"]
     norm = specs["Transformer_encoderblock_0/LayerNorm_0/gamma"]
     with open(OUT, "w") as file:

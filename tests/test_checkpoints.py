@@ -13,7 +13,7 @@ import torch
 import vit_keras as vk
 from tests import numpy_vit, official_layout
 from tests.conftest import TINY, images, randomize
-from vit_keras import checkpoints, pretrained
+from vit_keras.weights import npz, pretrained, resample
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
@@ -104,12 +104,12 @@ def test_default_resampling_is_the_official_algorithm(tmp_path):
 
 def test_rectangular_resampling_zooms_each_axis():
     grid = np.arange(4 * 4 * 2, dtype="float32").reshape(4, 4, 2)
-    np.testing.assert_allclose(checkpoints.resample_grid(grid, (4, 6)),
+    np.testing.assert_allclose(resample.resample_grid(grid, (4, 6)),
                                scipy.ndimage.zoom(grid, (1, 1.5, 1), order=1), atol=1e-6)
     half_pixel = torch.nn.functional.interpolate(
         torch.from_numpy(grid).permute(2, 0, 1)[None], size=(6, 3), mode="bilinear",
         align_corners=False, antialias=False)[0].permute(1, 2, 0).numpy()
-    np.testing.assert_allclose(checkpoints.resample_grid(grid, (6, 3), "bilinear"), half_pixel,
+    np.testing.assert_allclose(resample.resample_grid(grid, (6, 3), "bilinear"), half_pixel,
                                atol=1e-5)
 
 
@@ -172,7 +172,7 @@ def test_hybrid_checkpoint_loads_and_round_trips(tmp_path, broadcast_gn):
                                  resnet_stages=stages, resnet_width=32)
     np.testing.assert_allclose(logits(model, x), expected, atol=2e-4)
     vk.save_npz(model, tmp_path / "ours.npz")
-    saved = checkpoints.read_npz(tmp_path / "ours.npz")
+    saved = npz.read_npz(tmp_path / "ours.npz")
     assert sorted(saved) == sorted(params)
     for key, value in params.items():
         np.testing.assert_array_equal(saved[key], value, err_msg=key)

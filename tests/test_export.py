@@ -172,6 +172,7 @@ def test_full_integer_file_keeps_a_small_class_token(trained, tmp_path):
     """A class token far smaller than the patch tokens (the trained tiny model's, shrunk 10x:
     ~170x smaller, as in a Ti/16 trained on Fashion-MNIST, ~65x) survives int8 when folded."""
     from vit_keras import export
+    from vit_keras.export.formats import full_integer_int8
 
     folder, _, images = trained
     model = keras.saving.load_model(folder / "model.keras")
@@ -186,7 +187,7 @@ def test_full_integer_file_keeps_a_small_class_token(trained, tmp_path):
     serving = export.serving_model(model)
     serving.export(str(tmp_path / "plain"), format="tf_saved_model", verbose=False)
     (tmp_path / "plain.tflite").write_bytes(
-        export.tflite_bytes(str(tmp_path / "plain"), "tflite_int8", images[200:]))
+        export.tflite_bytes(str(tmp_path / "plain"), full_integer_int8, images[200:]))
     plain = Predictor(str(tmp_path / "plain.tflite"))(images[:200])["probabilities"]
     expected = keras.ops.convert_to_numpy(serving(images[:200])["probabilities"])
     assert (plain.argmax(-1) == expected.argmax(-1)).mean() < 0.9

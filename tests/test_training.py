@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vit_keras as vk
-from tests.conftest import TINY, images, randomize, tf_cpu_only
+from tests.conftest import TINY, images, randomize
 from vit_keras import training
 
 ROOT = Path(__file__).parents[1]
@@ -66,12 +66,12 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
-def test_default_compilation_trains_like_jit_compile_false(policy):
-    """The fast default (XLA on TensorFlow and JAX) against the path without XLA: same loss,
-    same weights after two AdamW steps with dropout off. In bfloat16 the losses agree to its
-    rounding; the weights are not compared there, since Adam's first step moves each one by
-    about the learning rate in its gradient's direction, which bfloat16's rounding flips for
-    gradients near zero (a probe: 0.021 apart where the step moved them 0.021)."""
+def test_xla_trains_like_jit_compile_false(policy):
+    """XLA (TensorFlow and JAX; Keras' choice on PyTorch) against the path without it: same
+    loss, same weights after two AdamW steps with dropout off. In bfloat16 the losses agree
+    to its rounding; the weights are not compared there, since Adam's first step moves each
+    one by about the learning rate in its gradient's direction, which bfloat16's rounding
+    flips for gradients near zero."""
     keras.config.set_dtype_policy(policy)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
@@ -79,19 +79,13 @@ def test_default_compilation_trains_like_jit_compile_false(policy):
     recipe = training.Recipe("adamw", 1e-2, "linear", 0, weight_decay=0.1)
     start = randomize(vk.vit(TINY, image_size=32, num_classes=3), seed=3).get_weights()
     losses, weights = [], []
-    for jit_compile in (None, False):
+    xla = "auto" if keras.backend.backend() == "torch" else True  # True: torch.compile there
+    for jit_compile in (xla, False):
         model = vk.vit(TINY, image_size=32, num_classes=3)
         model.set_weights(start)
         training.compile_model(model, recipe, total_steps=10**9, jit_compile=jit_compile)
         losses.append([model.train_on_batch(x, y)[0] for _ in range(2)])
         weights.append(model.get_weights())
-        if jit_compile is None:  # XLA where Keras would choose it, and on TensorFlow
-            assert model.jit_compile is (keras.backend.backend() in ("tensorflow", "jax"))
-            # a saved .keras holds Keras' own choice, not our XLA (torch.compile on PyTorch)
-            keras_auto = vk.vit(TINY, image_size=32, num_classes=3)
-            keras_auto.compile(jit_compile="auto")
-            assert model.get_compile_config()["jit_compile"] == \
-                keras_auto.get_compile_config()["jit_compile"]
     assert not np.allclose(weights[0][0], start[0])
     if policy == "mixed_bfloat16":
         np.testing.assert_allclose(losses[0], losses[1], rtol=1e-3)
@@ -101,87 +95,40 @@ def test_default_compilation_trains_like_jit_compile_false(policy):
         np.testing.assert_allclose(fast, reference, atol=1e-5)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.distribute only")
-def test_no_xla_by_default_under_a_distribution_strategy():
-    import tensorflow as tf
-
-    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
-        model = vk.vit(TINY, image_size=32, num_classes=3)
-        assert training.default_jit_compile(model) == "auto"
-
-
-@pytest.mark.parametrize("policy, width, ours", [
-    ("mixed_bfloat16", 191, True), ("mixed_bfloat16", 192, False), ("float32", 192, True),
-    ("mixed_float16", 32, False)])
-def test_mixed_precision_compiles_by_its_width_limit(policy, width, ours, monkeypatch):
-    """On a CPU with AVX-512, our XLA under mixed_bfloat16 only below Ti's width (XLA's CPU
-    bfloat16 dots are slower than TensorFlow's there; tiny models gain from XLA's fusion all
-    the same), where float32 keeps it up to S's; mixed_float16 (untimed) keeps Keras' choice.
-    Elsewhere Keras' "auto" decides (XLA on JAX), and the model trains either way."""
-    monkeypatch.setattr(training, "cpu_has_avx512", lambda: True)
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_compile_keeps_keras_jit_default_unless_asked(policy):
+    """The library's compile leaves jit_compile to Keras ("auto", whatever the host), and
+    passes an explicit choice through; the model trains either way."""
     recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
-    config = dict(TINY, hidden_size=width, num_layers=1, num_heads=1, mlp_dim=width)
     keras.config.set_dtype_policy(policy)  # the conftest fixture sets float32 back
-    model = training.compile_model(vk.vit(config, image_size=32, num_classes=3), recipe, 10)
-    keras_auto = vk.vit(config, image_size=32, num_classes=3)
+    ours = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3), recipe, 10)
+    keras_auto = vk.vit(TINY, image_size=32, num_classes=3)
     keras_auto.compile(jit_compile="auto")
-    assert training.compute_precision(model) == {"mixed_bfloat16": "bfloat16",
-                                                 "float32": "float32"}.get(policy)
-    assert model.jit_compile is (True if ours and tf_cpu_only() else keras_auto.jit_compile)
-    if policy != "mixed_float16":  # float16 on a CPU is slow and not what the test is about
-        model.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
+    assert ours.jit_compile is keras_auto.jit_compile
+    ours.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
+    if keras.backend.backend() != "torch":  # True would mean torch.compile there
+        chosen = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3), recipe,
+                                        10, jit_compile=True)
+        assert chosen.jit_compile is True
 
 
-def test_wide_models_compile_as_keras_auto_would(monkeypatch):
-    """On a CPU with AVX-512, our XLA only below S's width: from there on TensorFlow's own
-    float32 kernels ran as fast or faster. The width is found inside a model that wraps the ViT
-    too, a Sequential (which has outputs but no output before it is called)."""
-    monkeypatch.setattr(training, "cpu_has_avx512", lambda: True)
-    recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
-
-    def shaped(width):
-        return dict(TINY, hidden_size=width, num_layers=1, num_heads=1, mlp_dim=width)
-
-    narrow = training.compile_model(vk.vit(shaped(383), image_size=32, num_classes=3), recipe, 10)
-    wide_vit = vk.vit(shaped(384), image_size=32, include_top=False)
-
-    def wrap():
-        return keras.Sequential([keras.Input((32, 32, 3)), wide_vit, keras.layers.Dense(3)])
-
-    wrapped = wrap()
-    assert training.transformer_width(wrapped) == 384
-    training.compile_model(wrapped, recipe, 10)
-    keras_auto = wrap()
-    keras_auto.compile(jit_compile="auto")
-    assert wrapped.jit_compile is keras_auto.jit_compile
-    assert narrow.jit_compile is (keras.backend.backend() in ("tensorflow", "jax"))
-    if tf_cpu_only():
-        assert wrapped.jit_compile is False
-    wrapped.train_on_batch(images(batch=2), np.eye(3, dtype="float32")[[0, 1]])
+def test_no_library_module_reads_the_host():
+    """No default may depend on the CPU model or its flags: nothing in the package reads
+    them."""
+    package = Path(vk.__file__).parent
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        for word in ("cpuinfo", "avx", "cpu_count", "platform.processor"):
+            assert word not in text, (path, word)
 
 
-@pytest.mark.parametrize("policy, ours", [
-    ("float32", True), ("mixed_bfloat16", True), ("mixed_float16", False)])
-def test_without_avx512_every_width_compiles_with_xla(policy, ours, monkeypatch):
-    """Without AVX-512 XLA ran every width faster on TensorFlow's CPU (README's AVX2 table),
-    so the width limits do not apply there; float16 still keeps Keras' choice."""
-    monkeypatch.setattr(training, "cpu_has_avx512", lambda: False)
-    recipe = training.Recipe("adamw", 1e-3, "cosine", 0)
-    wide = dict(TINY, hidden_size=768, num_layers=1, num_heads=1, mlp_dim=32)
-    keras.config.set_dtype_policy(policy)  # the conftest fixture sets float32 back
-    model = training.compile_model(vk.vit(wide, image_size=16, num_classes=3), recipe, 10)
-    keras_auto = vk.vit(wide, image_size=16, num_classes=3)
-    keras_auto.compile(jit_compile="auto")
-    assert model.jit_compile is (True if ours and tf_cpu_only() else keras_auto.jit_compile)
-
-
-def test_avx512_is_read_from_the_cpu_flags():
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.exists():
-        pytest.skip("no /proc/cpuinfo")
-    flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
-             for flag in line.partition(":")[2].split()}
-    assert training.cpu_has_avx512() is ("avx512f" in flags or not flags)
+def test_pipeline_options_carry_the_recipe_augmentation():
+    options = training.pipeline_options(training.RECIPES["scratch"])
+    assert options["crop"] == "inception" and options["flip"]
+    assert [type(layer).__name__ for layer in options["augment"]] == ["RandAugment"]
+    assert options["augment"][0].num_ops == 2
+    assert (options["mixup_alpha"], options["cutmix_alpha"]) == (0.8, 1.0)
+    assert training.pipeline_options(training.RECIPES["finetune"])["augment"] == ()
 
 
 def test_history_file_keeps_one_row_per_epoch(tmp_path):

@@ -1,13 +1,19 @@
 """vit_keras: the Vision Transformer of Dosovitskiy et al. (ICLR 2021) for Keras 3."""
 
 from vit_keras import layers, resnet, training  # they register classes .keras files name
-from vit_keras.checkpoints import LoadReport, load_npz, load_weights, save_npz
 from vit_keras.configs import VARIANTS, ViTConfig, get_config
 from vit_keras.models import vit
 from vit_keras.preprocessing import preprocess
-from vit_keras.pytorch_weights import load_pytorch_weights
+from vit_keras.weights import (
+    LoadReport,
+    load_npz,
+    load_pytorch_weights,
+    load_weights,
+    save_npz,
+    save_weights,
+)
 
 __all__ = ["VARIANTS", "LoadReport", "ViTConfig", "get_config", "layers", "load_npz",
-           "load_pytorch_weights", "load_weights", "preprocess", "resnet", "save_npz", "training",
-           "vit"]
+           "load_pytorch_weights", "load_weights", "preprocess", "resnet", "save_npz",
+           "save_weights", "training", "vit"]
 __version__ = "0.1.0"

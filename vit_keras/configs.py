@@ -1,8 +1,10 @@
-"""The ViT variants as one table of data, and the parser that turns "B/16" into a config."""
+"""The ViT variants as one table of data, the parser that turns "B/16" into a config, and the
+naming that ties model layers to the official checkpoint tree (the bottom of the import graph)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 
 def _is_positive_int(value) -> bool:
@@ -116,3 +118,33 @@ def get_config(variant: str | ViTConfig | dict) -> ViTConfig:
     if isinstance(variant, dict):
         return ViTConfig(**variant)
     return parse_variant(variant)
+
+
+def as_pair(value, what: str) -> tuple[int, int]:
+    """An int or (height, width) as a pair of positive ints; `what` names it in the error."""
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v > 0 for v in pair):
+        raise ValueError(f"{what} must be a positive int or (height, width), got {value!r}")
+    return pair
+
+
+# Layer names of vit(): the official checkpoint tree, with '_' where Keras forbids '/'.
+EMBEDDING = "embedding"
+CLASS_TOKEN = "cls"
+POSITION_EMBEDDING = "Transformer_posembed_input"
+ENCODER_NORM = "Transformer_encoder_norm"
+PRE_LOGITS = "pre_logits"
+HEAD = "head"
+
+
+def block_name(index: int) -> str:
+    return f"Transformer_encoderblock_{index}"
+
+
+def checkpoint_name(layer_name: str) -> str:
+    """A layer's scope in the checkpoint tree: Keras forbids '/' in layer names, so ours use
+    '_' after 'Transformer' and between a ResNet stage and its unit instead."""
+    prefix = "Transformer_"
+    if layer_name.startswith(prefix):
+        return "Transformer/" + layer_name[len(prefix):]
+    return re.sub(r"^(block\d+)_(unit\d+)$", r"\1/\2", layer_name)

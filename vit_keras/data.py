@@ -10,8 +10,11 @@ import os
 import pathlib
 import warnings
 
+import keras
 import numpy as np
 import tensorflow as tf
+
+from vit_keras.preprocessing import unit_range
 
 AUTOTUNE = tf.data.AUTOTUNE
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -40,6 +43,19 @@ def from_tfds(name: str, split: str, data_dir: str | None = None,
     label = info.features["label"] if "label" in info.features else None
     names = list(label.names) if label is not None and hasattr(label, "names") else []
     return dataset, names
+
+
+def load_source(dataset: str = "fashion_mnist", split: str = "train", folder: str | None = None,
+                data_dir: str | None = None,
+                on_error: str = "skip") -> tuple[tf.data.Dataset, list[str]]:
+    """(image, label) pairs and class names from one of the three sources the apps offer: a
+    folder of class sub-folders (when `folder` is given), Fashion-MNIST from its offline IDX
+    files ("fashion_mnist"), or any tfds dataset by name."""
+    if folder:
+        return from_folder(folder, on_error=on_error)
+    if dataset == "fashion_mnist":
+        return from_arrays(*load_fashion_mnist(split, data_dir)), list(FASHION_MNIST_CLASSES)
+    return from_tfds(dataset, split, data_dir)
 
 
 def _check_image(path: pathlib.Path) -> str | None:
@@ -198,11 +214,6 @@ def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
 # ---------------------------------------------------------------- preprocessing
 
 
-def scale(images):
-    """uint8 [0, 255] -> float32 [-1, 1], (x - 127.5) / 127.5 (the official convention)."""
-    return (tf.cast(images, tf.float32) - 127.5) / 127.5
-
-
 def inception_crop(image, area_range=(0.05, 1.0), seed=None):
     """vit_jax's training crop: a random box covering area_range of the image."""
     begin, size, _ = tf.image.sample_distorted_bounding_box(
@@ -220,6 +231,43 @@ def pad_crop(image, padding: int):
 
 def _resize(image, size):
     return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, size)), 0, 255), tf.uint8)
+
+
+def _prepare(size, num_classes, channels, training, crop, flip):
+    """The per-image map: channels, the training crop and flip, resize, one-hot label."""
+    if crop not in ("none", "inception") and not crop.startswith("pad"):
+        raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
+
+    def prepare(image, label):
+        if image.shape.rank == 2:
+            image = image[..., None]
+        if channels == 3 and image.shape[-1] == 1:
+            image = tf.repeat(image, 3, axis=-1)
+        if training:
+            if crop == "inception":
+                image = inception_crop(image)
+            elif crop.startswith("pad"):
+                image = pad_crop(image, int(crop[3:] or 4))
+            if flip:
+                image = tf.image.random_flip_left_right(image)
+        image = tf.ensure_shape(_resize(image, size), (*size, channels))  # static for layers
+        return image, tf.one_hot(label, num_classes)
+
+    return prepare
+
+
+def _finish(layers):
+    """The per-batch map: the augmentation layers on uint8-range floats, then [-1, 1]."""
+    to_unit_range = unit_range()
+
+    def finish(images, labels):
+        images = tf.cast(images, tf.float32)
+        for layer in layers:
+            out = layer({"images": images, "labels": labels}, training=True)
+            images, labels = out["images"], out.get("labels", labels)
+        return to_unit_range(images), labels
+
+    return finish
 
 
 def make_pipeline(
@@ -244,51 +292,22 @@ def make_pipeline(
 
     training=True: shuffle, crop ("inception", "pad4"-style "padN", or "none"), random
     horizontal flip, then the given Keras preprocessing layers (RandAugment and the like, on
-    uint8-range values) and Mixup / CutMix. training=False: plain resize, as vit_jax evaluates.
-    Grayscale images are repeated to `channels` channels.
+    uint8-range values) and Mixup / CutMix (training.pipeline_options gives a recipe's).
+    training=False: plain resize, as vit_jax evaluates. Grayscale images are repeated to
+    `channels` channels. drop_remainder defaults to training (static shapes for TPUs).
     """
     size = tuple(image_size) if not isinstance(image_size, int) else (image_size, image_size)
-    if drop_remainder is None:
-        drop_remainder = training  # static shapes for training (TPU), every image for eval
-
-    def prepare(image, label):
-        if image.shape.rank == 2:
-            image = image[..., None]
-        if channels == 3 and image.shape[-1] == 1:
-            image = tf.repeat(image, 3, axis=-1)
-        if training:
-            if crop == "inception":
-                image = inception_crop(image)
-            elif crop.startswith("pad"):
-                image = pad_crop(image, int(crop[3:] or 4))
-            elif crop != "none":
-                raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or "
-                                 "'none'")
-            if flip:
-                image = tf.image.random_flip_left_right(image)
-        image = tf.ensure_shape(_resize(image, size), (*size, channels))  # static for layers
-        return image, tf.one_hot(label, num_classes)
-
-    if cache:
-        dataset = dataset.cache()
-    if training:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.map(prepare, num_parallel_calls=AUTOTUNE)
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder,
-                            num_parallel_calls=AUTOTUNE)
-    import keras  # here, not at the top: data.py stays importable without configuring Keras
-
     layers = list(augment) if training else []
     if training and mixup_alpha:
         layers.append(keras.layers.MixUp(alpha=mixup_alpha, seed=seed))
     if training and cutmix_alpha:
         layers.append(keras.layers.CutMix(factor=cutmix_alpha, seed=seed))
-
-    def finish(images, labels):
-        images = tf.cast(images, tf.float32)
-        for layer in layers:
-            out = layer({"images": images, "labels": labels}, training=True)
-            images, labels = out["images"], out.get("labels", labels)
-        return scale(images), labels
-
-    return dataset.map(finish, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    if cache:
+        dataset = dataset.cache()
+    if training:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.map(_prepare(size, num_classes, channels, training, crop, flip),
+                          num_parallel_calls=AUTOTUNE)
+    dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
+                            drop_remainder=training if drop_remainder is None else drop_remainder)
+    return dataset.map(_finish(layers), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

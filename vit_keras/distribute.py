@@ -33,9 +33,9 @@ def vit_layout_map(mesh) -> keras.distribution.LayoutMap:
     """Megatron-style sharding of a ViT over the mesh's "model" axis: attention heads and
     the MLP's hidden units are split; everything else is replicated."""
     layout = keras.distribution.LayoutMap(mesh)
-    layout[r".*MultiHeadDotProductAttention_1/(query|key|value)_kernel"] = (None, "model", None)
-    layout[r".*MultiHeadDotProductAttention_1/(query|key|value)_bias"] = ("model", None)
-    layout[r".*MultiHeadDotProductAttention_1/out_kernel"] = ("model", None, None)
+    layout[r".*MultiHeadDotProductAttention_1/(query|key|value)/kernel"] = (None, "model", None)
+    layout[r".*MultiHeadDotProductAttention_1/(query|key|value)/bias"] = ("model", None)
+    layout[r".*MultiHeadDotProductAttention_1/out/kernel"] = ("model", None, None)
     layout[r".*MlpBlock_3/Dense_0/kernel"] = (None, "model")
     layout[r".*MlpBlock_3/Dense_0/bias"] = ("model",)
     layout[r".*MlpBlock_3/Dense_1/kernel"] = ("model", None)

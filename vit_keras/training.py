@@ -11,8 +11,7 @@ import os
 import keras
 from keras import ops
 
-from vit_keras.cpu import cpu_has_avx512
-from vit_keras.layers import TransformerBlock
+from vit_keras import distribute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +40,7 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    # Paper, pre-training (ImageNet-21k row of facts section 5): Adam, linear warmup/decay.
+    # Paper, pre-training on ImageNet-21k: Adam, linear warmup and decay.
     "pretrain": Recipe("adamw", 1e-3, "linear", 10_000, weight_decay=0.03, dropout_rate=0.1,
                        source="Dosovitskiy et al. 2021, Sec. 4.1 and Table 3"),
     # Paper, fine-tuning: SGD momentum 0.9, warmup 500 then cosine, no weight decay.
@@ -55,6 +54,18 @@ RECIPES: dict[str, Recipe] = {
                             crop="none", flip=True,
                             source="this repository (README, main job)"),
 }
+
+
+def pipeline_options(recipe: Recipe) -> dict:
+    """The recipe's augmentation as keyword arguments of vit_keras.data.make_pipeline:
+    crop, flip, RandAugment (on uint8-range values), Mixup and CutMix."""
+    augment = ()
+    if recipe.randaugment:
+        num_ops, magnitude = recipe.randaugment
+        augment = (keras.layers.RandAugment(value_range=(0, 255), num_ops=num_ops,
+                                            factor=magnitude),)
+    return dict(crop=recipe.crop, flip=recipe.flip, augment=augment,
+                mixup_alpha=recipe.mixup_alpha, cutmix_alpha=recipe.cutmix_alpha)
 
 
 @keras.saving.register_keras_serializable(package="vit_keras")
@@ -118,74 +129,12 @@ def no_decay_variables(model: keras.Model) -> list:
     return [v for v in model.trainable_variables if not v.name.endswith("kernel")]
 
 
-# The width from which TensorFlow's own CPU kernels ran a ViT as fast as XLA or faster, by
-# compute dtype: in float32 S's 384 (README's XLA-width table; in a probe XLA's CPU matmul at
-# B/16's MLP shape reached 140-166 GFLOP/s against TensorFlow's 195-210); in bfloat16, whose
-# dots XLA's CPU backend runs without the CPU's bfloat16 instructions, already Ti's 192 (the
-# Ti/16 and main-model table). Widths between the main job model's 64 and 192 were not timed.
-# Measured on a CPU with AVX-512 and AMX; without AVX-512 there is no limit
-# (xla_pays_off_on_tensorflow_cpu).
-XLA_WIDTH_LIMITS = {"float32": 384, "bfloat16": 192}
-
-
-def default_jit_compile(model: keras.Model) -> bool | str:
-    """XLA on TensorFlow also on CPU-only machines, where Keras' "auto" leaves it off, for
-    models narrower than XLA_WIDTH_LIMITS gives for their compute dtype (float32, or
-    mixed_bfloat16's bfloat16): in float32 it made the main job model's inference 1.60x and
-    its training 1.59x faster and Ti/16's 1.13x and 1.06x, while S/16 ran at 0.97x (inference)
-    and 0.84x (training) of TensorFlow's own kernels, B/16 at 0.84x and 0.98x; in bfloat16 the
-    main job model's inference 1.28x and its training 1.07x, while Ti/16 ran at 0.77x and
-    0.63x (README, Performance). On CPUs without AVX-512 every width gets XLA in both
-    precisions (xla_pays_off_on_tensorflow_cpu). Other compute dtypes (float16) keep Keras'
-    choice, untimed. Under a tf.distribute strategy Keras' "auto" (no XLA), as on JAX (XLA)
-    and PyTorch (eager)."""
-    if keras.backend.backend() == "tensorflow" and xla_pays_off_on_tensorflow_cpu(
-            compute_precision(model), transformer_width(model)):
-        import tensorflow as tf
-
-        if not tf.distribute.has_strategy():
-            return True
-    return "auto"
-
-
-def xla_pays_off_on_tensorflow_cpu(precision: str | None, width: int) -> bool:
-    """The rule of default_jit_compile, also for the benchmark, which times the other choice.
-    The width limits hold on CPUs with AVX-512, where they were measured; on one without it (an
-    AVX2-only AMD EPYC) XLA ran every width faster in float32 and bfloat16 (README's AVX2
-    table): B/16 inference 1.27x and 1.33x, S/16 training 1.21x and 1.24x; Ti/16 in bfloat16
-    1.60x (inference) and 1.26x (training)."""
-    if precision not in XLA_WIDTH_LIMITS:
-        return False
-    return width < XLA_WIDTH_LIMITS[precision] or not cpu_has_avx512()
-
-
-def transformer_width(model: keras.Model) -> int:
-    """The widest TransformerBlock's token width, in nested models too; 0 without blocks."""
-    widths = [0]
-    for layer in model.layers:
-        if isinstance(layer, TransformerBlock):
-            widths.append(layer.norm_0.gamma.shape[0])
-        elif isinstance(layer, keras.Model):
-            widths.append(transformer_width(layer))
-    return max(widths)
-
-
-def compute_precision(model: keras.Model) -> str | None:
-    """The precision XLA_WIDTH_LIMITS is keyed by: float32 when every layer computes in it,
-    bfloat16 when the others compute in bfloat16 (mixed_bfloat16, whose head keeps float32
-    logits), else None."""
-    dtypes = {layer.compute_dtype for layer in model.layers}
-    if dtypes == {"float32"}:
-        return "float32"
-    return "bfloat16" if dtypes <= {"float32", "bfloat16"} else None
-
-
 def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
-                  learning_rate: float | None = None, jit_compile: bool | str | None = None,
+                  learning_rate: float | None = None, jit_compile: bool | str = "auto",
                   steps_per_execution: int = 1) -> keras.Model:
-    """model.compile for the recipe. jit_compile None: Keras' "auto", then XLA where
-    default_jit_compile() asks for it, set after compiling so that a saved .keras holds what
-    Keras' "auto" chose (True, loaded with compile=True on PyTorch, would mean torch.compile)."""
+    """model.compile for the recipe: its optimizer and schedule, cross-entropy on one-hot
+    labels (what make_pipeline emits) with its label smoothing, top-1 and top-5 accuracy.
+    jit_compile is model.compile's, Keras' "auto" unless the caller chooses."""
     model.compile(
         optimizer=make_optimizer(recipe, model, total_steps, learning_rate),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True,
@@ -194,11 +143,9 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
                  # k can be at most the class count (PyTorch's topk refuses more)
                  keras.metrics.TopKCategoricalAccuracy(k=min(5, model.outputs[0].shape[-1]),
                                                        name="top5")],
-        jit_compile="auto" if jit_compile is None else jit_compile,
+        jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )
-    if jit_compile is None and default_jit_compile(model) is True:
-        model.jit_compile = True
     return model
 
 
@@ -252,17 +199,15 @@ def callbacks(run_dir: str, tensorboard: bool = True) -> list[keras.callbacks.Ca
 
 def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_per_epoch: int,
           run_dir: str, validation_data=None, learning_rate: float | None = None,
-          distribution=None, steps_per_execution: int = 1,
+          distribution=None, jit_compile: bool | str = "auto", steps_per_execution: int = 1,
           verbose="auto") -> dict[int, dict]:
     """model.fit with the recipe's optimizer and the resumable callbacks; returns the
     complete per-epoch history (including epochs run before an interruption).
     distribution: a vit_keras.distribute.Distribution whose scope the model was built in."""
-    from vit_keras import distribute
-
     distribution = distribution or distribute.choose("none")
     with distribution.scope:
         compile_model(model, recipe, epochs * steps_per_epoch, learning_rate,
-                      steps_per_execution=steps_per_execution)
+                      jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     distribute.prepare_model(model, distribution)
     run_callbacks = callbacks(run_dir)
     model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,

@@ -102,6 +102,12 @@ def url(entry: Checkpoint) -> str:
     return base.rstrip("/") + "/" + urllib.parse.quote(entry.path)
 
 
+def resolve(weights, variant) -> str:
+    """A local path for `weights`: a pre-trained name is fetched for `variant`, anything else
+    is returned as given."""
+    return fetch(variant, weights) if is_name(weights) else weights
+
+
 def fetch(variant, name: str) -> str:
     """Local path of the named checkpoint, downloading it once into $KERAS_HOME/models."""
     entry = checkpoint(variant, name)

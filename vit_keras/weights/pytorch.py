@@ -1,8 +1,8 @@
 """PyTorch ViT weights in: timm `vit_*` and Hugging Face `ViTModel` / `ViTForImageClassification`.
 
 Both are rewritten into the canonical (pre-Linen .npz) names, transposing kernels, and then
-loaded by checkpoints.load_params. Build the model with approximate_gelu=False for them: they
-were trained (or converted to run) with the exact erf GELU.
+loaded by vit_keras.weights.assign.load_params. Build the model with approximate_gelu=False
+for them: they were trained (or converted to run) with the exact erf GELU.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import re
 import keras
 import numpy as np
 
-from vit_keras.checkpoints import LoadReport, load_params
-from vit_keras.layers import TransformerBlock
+from vit_keras.weights.assign import LoadReport, load_params, model_variables
+
+TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
@@ -128,12 +129,18 @@ def from_huggingface(state: dict[str, np.ndarray], num_heads: int) -> dict[str, 
     return params
 
 
+def _num_heads(model: keras.Model) -> int:
+    """From block 0's query kernel, (D, heads, D_h)."""
+    query = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+    return model_variables(model)[query].shape[1]
+
+
 def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
     """Loads a timm or Hugging Face ViT state dict (a path or a dict of arrays) into `model`."""
     name = os.fspath(source) if isinstance(source, str | os.PathLike) else "state dict"
     state = read_state_dict(source) if isinstance(source, str | os.PathLike) else {
         k: np.asarray(v) for k, v in source.items()}
-    heads = next(la.num_heads for la in model.layers if isinstance(la, TransformerBlock))
+    heads = _num_heads(model)
     if "patch_embed.proj.weight" in state:
         params, layout = from_timm(state, heads), "timm state dict"
     elif any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in state):

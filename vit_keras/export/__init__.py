@@ -1,0 +1,117 @@
+"""Export for deployment: SavedModel, TFLite (LiteRT: float32, float16, dynamic-range int8,
+full-integer int8) and ONNX, each verified against the Keras model right after it is written.
+
+Every export takes uint8 images (batch, height, width, channels) and returns "logits" and
+"probabilities"; the [-1, 1] scaling is inside. Export needs the TensorFlow backend; a model
+trained on JAX or PyTorch is exported from its (backend-neutral) .keras file in a TensorFlow
+process (apps.export does that by itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import keras
+import numpy as np
+
+from vit_keras.export.formats import FORMATS, ExportFormat, tflite_bytes
+from vit_keras.export.runtimes import Predictor
+from vit_keras.export.serving import ClassTokenFolded, serving_model
+
+__all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationError",
+           "Predictor", "export_all", "serving_model", "tflite_bytes", "verify"]
+
+
+class ExportVerificationError(RuntimeError):
+    """An export's outputs differ from the Keras model's by more than its tolerance."""
+
+
+def _require_tensorflow():
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError("export needs KERAS_BACKEND=tensorflow (the .keras file is "
+                           "backend-neutral: load it in a TensorFlow process)")
+
+
+def verify(path: str, images: np.ndarray, reference: dict,
+           tolerance: tuple[float | None, float]) -> dict:
+    """Runs the export on images and compares it with the Keras model's outputs."""
+    predictor = Predictor(path)
+    predictor(images[:1])  # warm-up, not timed
+    started = time.perf_counter()
+    out = predictor(images)
+    latency = (time.perf_counter() - started) / len(images)
+    diff = float(np.abs(out["probabilities"] - reference["probabilities"]).max())
+    agreement = float((out["probabilities"].argmax(-1)
+                       == reference["probabilities"].argmax(-1)).mean())
+    max_diff, min_agreement = tolerance
+    passed = agreement >= min_agreement and (max_diff is None or diff <= max_diff)
+    return {"file": os.path.basename(path), "size_bytes": _size(path),
+            "max_abs_diff_probabilities": diff,
+            "max_abs_diff_logits": float(np.abs(out["logits"] - reference["logits"]).max()),
+            "top1_agreement": agreement, "latency_ms_per_image": round(latency * 1000, 3),
+            "tolerance_probabilities": max_diff, "min_top1_agreement": min_agreement,
+            "images": int(len(images)), "passed": bool(passed)}
+
+
+def _size(path: str) -> int:
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    return os.path.getsize(path)
+
+
+def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
+               representative: np.ndarray | None = None, labels: list[str] | None = None,
+               formats=tuple(FORMATS), overwrite: bool = False,
+               tolerances: dict | None = None) -> dict:
+    """Writes the formats (names of FORMATS) into out_dir, from the graph with
+    ClassTokenFolded where it applies; verifies each against the Keras model as given; writes
+    export_report.json; raises ExportVerificationError naming the formats past their
+    tolerance (each format's own, updated by `tolerances`: {name: (max |probability
+    difference| or None, min top-1 agreement)})."""
+    _require_tensorflow()
+    unknown = set(formats) - set(FORMATS)
+    if unknown:
+        raise ValueError(f"unknown export formats {sorted(unknown)}: expected some of "
+                         f"{', '.join(FORMATS)}")
+    _fresh_folder(out_dir, overwrite)
+    reference = {k: keras.ops.convert_to_numpy(v)
+                 for k, v in serving_model(model)(sample_images).items()}
+    serving = serving_model(model, fold_class_token=True)
+    saved_model_dir = os.path.join(out_dir, FORMATS["saved_model"].file_name)
+    serving.export(saved_model_dir, format="tf_saved_model", verbose=False)
+    report = {"model": model.name, "input_shape": list(model.input.shape[1:]), "formats": {}}
+    for name in formats:
+        export_format = FORMATS[name]
+        path = os.path.join(out_dir, export_format.file_name)
+        export_format.write(serving, saved_model_dir, path, representative)
+        tolerance = (tolerances or {}).get(name, export_format.tolerance)
+        report["formats"][name] = verify(path, sample_images, reference, tolerance)
+    if "saved_model" not in formats:
+        shutil.rmtree(saved_model_dir)
+    _write_side_files(out_dir, report, labels)
+    failed = [k for k, r in report["formats"].items() if not r["passed"]]
+    if failed:
+        raise ExportVerificationError(
+            f"exports past their tolerance: {', '.join(failed)} (see "
+            f"{os.path.join(out_dir, 'export_report.json')})")
+    return report
+
+
+def _fresh_folder(out_dir: str, overwrite: bool) -> None:
+    if os.path.exists(out_dir):
+        if not overwrite:
+            raise FileExistsError(f"{out_dir!r} exists; pass overwrite=True (--overwrite) to "
+                                  "replace it")
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+
+
+def _write_side_files(out_dir: str, report: dict, labels: list[str] | None) -> None:
+    if labels:
+        with open(os.path.join(out_dir, "labels.txt"), "w") as file:
+            file.write("\n".join(labels) + "\n")
+    with open(os.path.join(out_dir, "export_report.json"), "w") as file:
+        json.dump(report, file, indent=1)

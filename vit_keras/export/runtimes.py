@@ -1,0 +1,106 @@
+"""Running an exported file (or a .keras model) on uint8 images: one runtime per file type,
+chosen by the file's name."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+
+from vit_keras.export.serving import serving_model
+
+
+class SavedModelRuntime:
+    """A SavedModel folder through its serving_default signature."""
+
+    def __init__(self, path: str):
+        import tensorflow as tf
+
+        self._run = tf.saved_model.load(path).signatures["serving_default"]
+        self.input_shape = tuple(self._run.structured_input_signature[1]["images"].shape[1:])
+
+    @staticmethod
+    def accepts(path: str) -> bool:
+        return os.path.isdir(path)
+
+    def __call__(self, images):
+        return {k: v.numpy() for k, v in self._run(images=images).items()}
+
+
+class LiteRTRuntime:
+    """A .tflite file through LiteRT's interpreter, one image at a time (batch 1 files)."""
+
+    def __init__(self, path: str):
+        from ai_edge_litert.interpreter import Interpreter
+
+        self._runner = Interpreter(model_path=path).get_signature_runner("serving_default")
+        detail = self._runner.get_input_details()["images"]
+        self.input_shape = tuple(int(d) for d in detail["shape"][1:])
+
+    @staticmethod
+    def accepts(path: str) -> bool:
+        return path.endswith(".tflite")
+
+    def __call__(self, images):
+        outputs = [self._runner(images=image[None]) for image in images]
+        return {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]}
+
+
+class OnnxRuntime:
+    """An .onnx file through onnxruntime."""
+
+    def __init__(self, path: str):
+        import onnxruntime
+
+        self._session = onnxruntime.InferenceSession(path)
+        self.input_shape = tuple(self._session.get_inputs()[0].shape[1:])
+
+    @staticmethod
+    def accepts(path: str) -> bool:
+        return path.endswith(".onnx")
+
+    def __call__(self, images):
+        names = [o.name for o in self._session.get_outputs()]
+        return dict(zip(names, self._session.run(names, {"images": images}), strict=True))
+
+
+class KerasRuntime:
+    """A .keras model, wrapped in the same uint8 serving function as the exports."""
+
+    def __init__(self, path: str):
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        self._model = serving_model(model)
+        self.input_shape = tuple(self._model.input.shape[1:])
+
+    @staticmethod
+    def accepts(path: str) -> bool:
+        return path.endswith(".keras")
+
+    def __call__(self, images):
+        return {k: keras.ops.convert_to_numpy(v) for k, v in self._model(images).items()}
+
+
+RUNTIMES = (SavedModelRuntime, LiteRTRuntime, OnnxRuntime, KerasRuntime)
+
+
+class Predictor:
+    """Runs one exported file or .keras model on uint8 images (batch, height, width,
+    channels), returning {"logits", "probabilities"} as NumPy arrays."""
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+        runtime = next((r for r in RUNTIMES if r.accepts(self.path)), None)
+        if runtime is None:
+            raise ValueError(f"{self.path!r}: expected a .keras, SavedModel folder, .tflite or "
+                             ".onnx model")
+        self._runtime = runtime(self.path)
+        self.input_shape = self._runtime.input_shape
+
+    def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
+        images = np.asarray(images)
+        if images.dtype != np.uint8 or tuple(images.shape[1:]) != self.input_shape:
+            raise ValueError(f"{self.path}: expected uint8 images of shape (batch, "
+                             f"{', '.join(map(str, self.input_shape))}), got {images.dtype} "
+                             f"{images.shape}")
+        return self._runtime(images)

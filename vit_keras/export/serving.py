@@ -1,0 +1,82 @@
+"""The model as deployed: uint8 images in, logits and probabilities out."""
+
+from __future__ import annotations
+
+import itertools
+
+import keras
+
+from vit_keras import configs
+from vit_keras.preprocessing import unit_range
+
+
+def serving_model(model: keras.Model, fold_class_token: bool = False) -> keras.Model:
+    """uint8 images -> {"logits", "probabilities"}: the model with its preprocessing inside.
+
+    fold_class_token: compute block 0's class-token rows at export (ClassTokenFolded), where
+    the model has them; the function is unchanged.
+    """
+    images = keras.Input(model.input.shape[1:], dtype="uint8", name="images")
+    scaled = unit_range(name="to_unit_range")(images)
+    if fold_class_token and ClassTokenFolded.applies_to(model):
+        model = ClassTokenFolded(model)
+    logits = keras.layers.Activation("linear", dtype="float32", name="logits")(model(scaled))
+    probabilities = keras.layers.Softmax(dtype="float32", name="probabilities")(logits)
+    return keras.Model(images, {"logits": logits, "probabilities": probabilities},
+                       name=f"{model.name}_serving")
+
+
+class ClassTokenFolded(keras.Model):
+    """The same function with block 0's class-token rows computed once, in float32.
+
+    Why: the class token (plus its position embedding) enters the residual stream far smaller
+    than the patch tokens, so a full-integer file's per-tensor scales round it to zero, and
+    block 0's LayerNorm 1/std, quantized over both ranges, loses the patch tokens' precision
+    too. Those rows do not depend on the image: computing them here leaves the integer file
+    only well-scaled tensors (docs/export.md measures the difference).
+    """
+
+    def __init__(self, model: keras.Model, **kwargs):
+        super().__init__(name=model.name, **kwargs)
+        self.patches = keras.Model(model.input, model.get_layer(configs.EMBEDDING).output)
+        self.block = model.get_layer(configs.block_name(0))
+        class_row = keras.ops.convert_to_numpy(model.get_layer(configs.CLASS_TOKEN).cls)
+        table = model.get_layer(configs.POSITION_EMBEDDING).embedding()
+        self.patch_posemb = None
+        if table is not None:
+            table = keras.ops.convert_to_numpy(table)
+            class_row, self.patch_posemb = class_row + table[:, :1], table[:, 1:]
+        self.class_row = class_row
+        self.class_normed = keras.ops.convert_to_numpy(self.block.norm_0(class_row))
+        self.rest = model.layers[model.layers.index(self.block) + 1:]
+
+    @classmethod
+    def applies_to(cls, model: keras.Model) -> bool:
+        """vit()'s chain with a class token: cls, position embedding, blocks, ..., output."""
+        names = [layer.name for layer in model.layers]
+        first_block = configs.block_name(0)
+        if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING,
+                first_block} <= set(names):
+            return False
+        rest = model.layers[names.index(first_block):]
+        chained = all(len(later._inbound_nodes) == 1 and
+                      later._inbound_nodes[0].parent_nodes[0].operation is earlier
+                      for earlier, later in itertools.pairwise(rest))
+        return chained and rest[-1].output is model.output
+
+    def call(self, images):
+        patches = self.patches(images)
+        if self.patch_posemb is not None:
+            patches = patches + keras.ops.cast(self.patch_posemb, patches.dtype)
+        shape = (keras.ops.shape(patches)[0], 1, patches.shape[-1])
+
+        def class_rows(row):
+            return keras.ops.broadcast_to(keras.ops.cast(row, patches.dtype), shape)
+
+        x = keras.ops.concatenate([class_rows(self.class_row), patches], axis=1)
+        normed = keras.ops.concatenate(
+            [class_rows(self.class_normed), self.block.norm_0(patches)], axis=1)
+        x = self.block(x, normed=normed)
+        for layer in self.rest:
+            x = layer(x)
+        return x

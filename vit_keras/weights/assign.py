@@ -1,0 +1,120 @@
+"""Canonical (pre-Linen .npz) arrays onto a model: every checkpoint layout is first rewritten
+to the flat names of the vit_jax / AugReg files, then loading is a name map. A checkpoint is
+checked completely before anything is assigned, so a bad file changes nothing.
+
+Variables are found by their layer names (vit_keras.configs), not by layer classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+
+import keras
+import numpy as np
+
+from vit_keras import configs
+from vit_keras.weights.resample import adapt_posemb
+
+POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+HEAD_KEYS = ("head/kernel", "head/bias")
+BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/")
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What a load did: the caller is told about every key that was not a plain copy."""
+
+    source: str
+    layout: str
+    loaded: list[str] = dataclasses.field(default_factory=list)
+    resampled: dict[str, str] = dataclasses.field(default_factory=dict)
+    reinitialised: list[str] = dataclasses.field(default_factory=list)
+    dropped: list[str] = dataclasses.field(default_factory=list)
+    unused: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{self.source}: {self.layout} layout, {len(self.loaded)} arrays loaded"]
+        lines += [f"  resampled {k}: {v}" for k, v in self.resampled.items()]
+        if self.reinitialised:
+            lines.append(f"  zero-initialised (new head): {', '.join(self.reinitialised)}")
+        if self.dropped:
+            lines.append(f"  dropped (the model has no place for them): {', '.join(self.dropped)}")
+        if self.unused:
+            lines.append(f"  unused keys: {', '.join(self.unused)}")
+        return "\n".join(lines)
+
+
+def num_blocks(keys) -> int:
+    indices = {int(m.group(1)) for k in keys if (m := BLOCK_KEY.match(k))}
+    return max(indices) + 1 if indices else 0
+
+
+def model_variables(model: keras.Model) -> dict[str, keras.Variable]:
+    """The model's variables under their canonical checkpoint names."""
+    named = {}
+    for layer in model.layers:
+        scope = configs.checkpoint_name(layer.name)
+        for variable in layer.weights:
+            parts = variable.path.split("/")[1:] if "/" in variable.path else [variable.name]
+            parts[-1] = {"gamma": "scale", "beta": "bias"}.get(parts[-1], parts[-1])
+            key = "cls" if layer.name == configs.CLASS_TOKEN else "/".join([scope, *parts])
+            named[key] = variable
+    return named
+
+
+def _fit_posemb(model, value, ckpt_prefix, resample):
+    layer = model.get_layer(configs.POSITION_EMBEDDING)
+    return adapt_posemb(value, ckpt_prefix, layer.grid_size, layer.num_prefix_tokens, resample)
+
+
+def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
+                layout: str, grid_only_posemb: bool = False,
+                resample: str = "zoom") -> LoadReport:
+    """Loads canonical (pre-Linen) arrays into the model; checks all before assigning any."""
+    report = LoadReport(source=source, layout=layout)
+    targets = model_variables(model)
+    model_blocks, ckpt_blocks = num_blocks(targets), num_blocks(params)
+    if model_blocks != ckpt_blocks:
+        raise ValueError(f"{source}: checkpoint has {ckpt_blocks} encoder blocks, the model has "
+                         f"{model_blocks}")
+    values = {}
+    for key, variable in targets.items():
+        expected = tuple(variable.shape)
+        if key in HEAD_KEYS:
+            continue
+        if key not in params:
+            raise ValueError(f"{source}: key {key!r} is missing from the checkpoint "
+                             f"(the model needs shape {expected})")
+        value = params[key].astype("float32")
+        if key == POSEMB_KEY:
+            ckpt_prefix = 0 if grid_only_posemb or "cls" not in params else 1
+            value, note = _fit_posemb(model, value, ckpt_prefix, resample)
+            if note:
+                report.resampled[key] = note
+        if tuple(value.shape) != expected:
+            raise ValueError(f"{source}: shape mismatch for {key!r}: the model expects "
+                             f"{expected}, the checkpoint has {tuple(value.shape)}")
+        values[key] = value
+    head_shapes = [tuple(targets[k].shape) for k in HEAD_KEYS if k in targets]
+    if head_shapes:
+        found = [tuple(params[k].shape) for k in HEAD_KEYS if k in params]
+        if found == head_shapes:
+            values.update({k: params[k].astype("float32") for k in HEAD_KEYS})
+        else:
+            values.update({k: np.zeros(targets[k].shape, "float32") for k in HEAD_KEYS})
+            report.reinitialised = list(HEAD_KEYS)
+            warnings.warn(f"{source}: head {found or 'absent'} does not fit the model's "
+                          f"{head_shapes}; the head is zero-initialised (fine-tuning convention)",
+                          stacklevel=3)
+    for key, value in values.items():
+        targets[key].assign(value)
+    report.loaded = sorted(set(values) - set(report.reinitialised))
+    used = set(values) - set(report.reinitialised)
+    leftover = sorted(set(params) - used)
+    report.dropped = [k for k in leftover if k.startswith(("pre_logits/", "head/")) or k == "cls"]
+    report.unused = [k for k in leftover if k not in report.dropped]
+    if report.unused:
+        warnings.warn(f"{source}: unused keys {report.unused}", stacklevel=3)
+    return report

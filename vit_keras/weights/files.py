@@ -1,0 +1,52 @@
+"""Weights in and out of a model by file name: the dispatcher that picks the reader or writer."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+
+from vit_keras.weights import pretrained
+from vit_keras.weights.assign import LoadReport
+from vit_keras.weights.npz import load_npz, save_npz
+from vit_keras.weights.pytorch import TORCH_SUFFIXES, load_pytorch_weights
+
+
+def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
+    """Loads `weights` into `model`, choosing the reader by the file name: official .npz,
+    .keras, .weights.h5, or timm / Hugging Face weights (.safetensors, .pth, .pt, .bin). A
+    pre-trained name (vit_keras.weights.pretrained) is fetched first for `variant`. Returns
+    what the foreign-layout readers report, None for Keras' own files."""
+    path = os.fspath(pretrained.resolve(weights, variant))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"weights file {path!r} does not exist")
+    if path.endswith(".weights.h5"):
+        model.load_weights(path)
+    elif path.endswith(".keras"):
+        saved = keras.saving.load_model(path, compile=False, safe_mode=True)
+        model.set_weights(saved.get_weights())
+    elif path.endswith(".npz"):
+        return load_npz(model, path)
+    elif path.endswith(TORCH_SUFFIXES):
+        return load_pytorch_weights(model, path)
+    else:
+        raise ValueError(f"weights {path!r}: expected a .npz, .keras, .weights.h5 or "
+                         f"{', '.join(TORCH_SUFFIXES)} file, or a pre-trained name "
+                         f"({', '.join(pretrained.names())})")
+    return None
+
+
+def save_weights(model: keras.Model, path: str, overwrite: bool = False) -> None:
+    """Writes .npz (official layout), .keras (whole model) or .weights.h5, never over a file
+    that exists unless overwrite=True."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path!r} exists; pass overwrite=True to replace it")
+    if path.endswith(".npz"):
+        save_npz(model, path, overwrite=True)
+    elif path.endswith(".keras"):
+        model.save(path)
+    elif path.endswith(".weights.h5"):
+        model.save_weights(path)
+    else:
+        raise ValueError(f"cannot write {path!r}: expected a .npz, .keras or .weights.h5 name")

@@ -1,0 +1,109 @@
+"""Official .npz checkpoints in and out: vit_jax, AugReg, Linen, big_vision and scanned
+layouts, each rewritten to the canonical pre-Linen names (vit_keras.weights.assign)."""
+
+from __future__ import annotations
+
+import os
+import re
+import zipfile
+
+import keras
+import numpy as np
+
+from vit_keras.weights.assign import (
+    BLOCK_KEY,
+    POSEMB_KEY,
+    LoadReport,
+    load_params,
+    model_variables,
+)
+
+_PREFIXES = ("opt/target/", "params/img/", "params/")
+# Linen / big_vision sub-module names -> the pre-Linen names of the vit_jax files.
+_LINEN_TO_PRE_LINEN = {"MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+                       "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3"}
+_GROUP_NORM = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
+
+
+def read_npz(path: str) -> dict[str, np.ndarray]:
+    """All arrays of an .npz file, refusing pickled objects."""
+    path = os.fspath(path)
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path!r} is not an .npz file (expected a zip archive of .npy arrays)")
+    with np.load(path, allow_pickle=False) as archive:
+        params = {}
+        for key in archive.files:
+            try:
+                params[key] = archive[key]
+            except ValueError as err:
+                raise ValueError(f"{path!r}: array {key!r} holds pickled Python objects; "
+                                 "refusing to load it (allow_pickle=False)") from err
+    return params
+
+
+def canonicalize(params: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str, bool]:
+    """Rewrites any known layout to pre-Linen names.
+
+    Returns (params, layout description, grid_only_posemb): big_vision files keep the
+    position embedding of the patch grid only, without the class token's row.
+    """
+    layout = []
+    prefix = next((p for p in _PREFIXES if f"{p}embedding/kernel" in params), "")
+    if prefix:
+        layout.append(f"'{prefix}' prefix")
+        params = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+    params = dict(params)
+    grid_only = "pos_embedding" in params
+    if grid_only:
+        layout.append("big_vision grid-only position embedding")
+        params[POSEMB_KEY] = params.pop("pos_embedding")
+    scanned = [k for k in params if k.startswith("Transformer/encoderblock/")]
+    if scanned:
+        layout.append("scanned blocks")
+        for key in scanned:
+            stacked = params.pop(key)
+            rest = key[len("Transformer/encoderblock/"):]
+            for i, array in enumerate(stacked):
+                params[f"Transformer/encoderblock_{i}/{rest}"] = array
+    broadcast_gn = [k for k, v in params.items() if _GROUP_NORM.search(k) and v.ndim == 4]
+    if broadcast_gn:  # the hybrids' older GroupNorm kept (1, 1, 1, C) scales and biases
+        layout.append("(1, 1, 1, C) GroupNorm parameters")
+        params.update({k: params[k].reshape(-1) for k in broadcast_gn})
+    if any("/MultiHeadDotProductAttention_0/" in k for k in params):
+        layout.append("Linen names")
+        renamed = {}
+        for key, value in params.items():
+            parts = key.split("/")
+            if BLOCK_KEY.match(key):
+                parts[2] = _LINEN_TO_PRE_LINEN.get(parts[2], parts[2])
+            renamed["/".join(parts)] = value
+        params = renamed
+    return params, ", ".join(layout) or "vit_jax (pre-Linen names)", grid_only
+
+
+def load_npz(model: keras.Model, path: str, resample: str = "auto") -> LoadReport:
+    """Loads an official .npz checkpoint (vit_jax, AugReg, Linen, big_vision, scanned).
+
+    resample: how to resize the position embedding to a new grid; "auto" is the official
+    scipy zoom for vit_jax files and half-pixel bilinear for big_vision files (what each
+    codebase does itself).
+    """
+    params, layout, grid_only = canonicalize(read_npz(path))
+    if resample == "auto":
+        resample = "bilinear" if grid_only else "zoom"
+    return load_params(model, params, os.fspath(path), layout, grid_only, resample)
+
+
+def model_params(model: keras.Model) -> dict[str, np.ndarray]:
+    """The model's weights as canonical (pre-Linen) arrays."""
+    return {key: keras.ops.convert_to_numpy(variable.value).astype("float32")
+            for key, variable in model_variables(model).items()}
+
+
+def save_npz(model: keras.Model, path: str, overwrite: bool = False) -> None:
+    """Writes the weights in the official pre-Linen .npz layout (readable by vit_jax, timm)."""
+    path = os.fspath(path)
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path!r} exists; pass overwrite=True to replace it")
+    with open(path, "wb") as file:
+        np.savez(file, **model_params(model))

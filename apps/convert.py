@@ -6,18 +6,16 @@ python -m apps.convert SRC DST [--variant B/16 --image-size 384 --num-classes 10
 A .keras source carries its architecture; any other source needs the model described by flags.
 """
 
-import argparse
-
-import keras
-
-from apps.common import add_model_arguments, model_from_arguments
 from vit_keras.weights import load_weights, save_weights
 
+from .common import add_model_arguments, app_parser, load_model, model_from_arguments, run
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source")
-    parser.add_argument("destination")
+
+def build_parser():
+    parser = app_parser("convert", __doc__)
+    parser.add_argument("source", help="weights to read: .npz, .keras, .weights.h5, "
+                                       ".safetensors, .pth")
+    parser.add_argument("destination", help="file to write: .npz, .keras or .weights.h5")
     add_model_arguments(parser)
     parser.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     return parser
@@ -26,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.source.endswith(".keras"):
-        model = keras.saving.load_model(args.source, compile=False, safe_mode=True)
+        model = load_model(args.source)
         print(f"{args.source}: whole model {model.name}, {model.count_params():,} parameters")
     else:
         model = model_from_arguments(args)
@@ -37,4 +35,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -4,25 +4,25 @@ confusion matrix saved as PNG, all written to --out as well as printed.
 python -m apps.evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
 """
 
-import argparse
 import json
 import os
 
-import keras
-
-from apps.common import add_data_arguments
 from vit_keras import data, evaluation
+
+from .common import add_data_arguments, app_parser, load_model, positive_int, run
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = app_parser("evaluate", __doc__)
     parser.add_argument("model", help="a .keras file")
-    add_data_arguments(parser, "held-out images").add_argument("--split", default="test")
-    parser.add_argument("--batch-size", type=int, default=256)
+    add_data_arguments(parser, "held-out images").add_argument(
+        "--split", default="test", help="tfds split (or Fashion-MNIST's train / test)")
+    parser.add_argument("--batch-size", type=positive_int, default=256,
+                        help="images per forward pass")
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
-    model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    model = load_model(args.model)
     dataset, names = data.load_source(args.dataset, args.split, args.folder, args.data_dir)
     num_classes = model.outputs[0].shape[-1]
     names = names or [str(i) for i in range(num_classes)]
@@ -44,4 +44,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -5,7 +5,6 @@ against the Keras model on held-out images and writing export_report.json.
 python -m apps.export runs/fashion_mnist/model.keras [--name fashion_mnist] [--overwrite]
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -13,49 +12,86 @@ import sys
 
 import keras
 
-from apps.common import add_data_arguments
 from vit_keras import data, export
 from vit_keras.export.formats import FORMATS
 
+from .common import add_data_arguments, app_parser, load_model, positive_int, run
+
 
 def build_parser():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = app_parser("export", __doc__)
     parser.add_argument("model", help="a .keras file")
     parser.add_argument("--name", help="folder name under savedmodels/ (default: the run's)")
     parser.add_argument("--out", help="output folder (default savedmodels/<name>)")
     parser.add_argument("--formats", nargs="+", default=None, choices=list(FORMATS),
-                        help="some of the formats (default: all)")
+                        metavar="FORMAT",
+                        help=f"some of {', '.join(FORMATS)} (default: all)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export")
-    add_data_arguments(parser, "verification and calibration images")
-    parser.add_argument("--samples", type=int, default=200, help="held-out images to verify on")
-    parser.add_argument("--calibration", type=int, default=100,
+    add_data_arguments(parser, "verification and calibration images (default: the data the "
+                               "model was trained on, from result.json beside it)", dataset=None)
+    parser.add_argument("--samples", type=positive_int, default=200,
+                        help="held-out images to verify on")
+    parser.add_argument("--calibration", type=positive_int, default=100,
                         help="training images for int8 calibration")
     return parser
 
 
-def images_for(args, model, split, count):
-    dataset, _ = data.load_source(args.dataset, split, args.folder, args.data_dir)
+def data_source(args) -> dict:
+    """Where the verification and calibration images come from: the flags, else the data
+    the model's training run recorded in result.json beside it."""
+    if args.dataset or args.folder:
+        return {"dataset": args.dataset or "fashion_mnist", "folder": args.folder,
+                "eval_folder": args.folder, "data_dir": args.data_dir,
+                "train_split": "train", "eval_split": "test"}
+    result = os.path.join(os.path.dirname(os.path.abspath(args.model)), "result.json")
+    recorded = {}
+    if os.path.exists(result):
+        with open(result) as file:
+            recorded = json.load(file).get("data", {})
+    if not recorded:
+        raise ValueError(f"no data to verify the export on: {result!r} does not say what "
+                         f"{args.model!r} was trained on; pass --dataset or --folder")
+    return recorded
+
+
+def images_for(source: dict, model, split: str, count: int):
+    """`count` uint8 images of the train or eval split, at the model's size; refuses data
+    whose class count is not the model's."""
+    folder = source["folder"] if split == "train" else source.get("eval_folder")
+    dataset, names = data.load_source(source["dataset"], source[f"{split}_split"], folder,
+                                      source.get("data_dir"))
+    classes = model.outputs[0].shape[-1]
+    if names and len(names) != classes:
+        raise ValueError(f"the data has {len(names)} classes but the model has {classes}: "
+                         "pass the --dataset or --folder it was trained on")
     return data.sample_images(dataset, tuple(model.input.shape[1:3]), model.input.shape[-1],
                               count)
 
 
+def export_under_tensorflow(argv) -> None:
+    """The .keras file is backend-neutral and the converters need TensorFlow: run this app
+    again in a TensorFlow process."""
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    done = subprocess.run([sys.executable, "-m", __spec__.name, *argv], env=env)
+    if done.returncode:
+        raise SystemExit(done.returncode)
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     if keras.backend.backend() != "tensorflow":
-        # The .keras file is backend-neutral; the converters need TensorFlow.
-        env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
-        done = subprocess.run([sys.executable, "-m", "apps.export", *argv], env=env)
-        if done.returncode:
-            raise SystemExit(done.returncode)
-        return None
+        return export_under_tensorflow(argv)
     args = build_parser().parse_args(argv)
-    model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    model = load_model(args.model)
     name = args.name or os.path.basename(os.path.dirname(os.path.abspath(args.model)))
     out = args.out or os.path.join("savedmodels", name)
+    if os.path.exists(out) and not args.overwrite:
+        raise FileExistsError(f"{out!r} exists; pass --overwrite to replace it")
     labels_file = os.path.join(os.path.dirname(args.model), "labels.txt")
     labels = open(labels_file).read().splitlines() if os.path.exists(labels_file) else None
-    samples = images_for(args, model, "test", args.samples)
-    calibration = images_for(args, model, "train", args.calibration)
+    source = data_source(args)
+    samples = images_for(source, model, "eval", args.samples)
+    calibration = images_for(source, model, "train", args.calibration)
     try:
         report = export.export_all(model, out, samples, calibration, labels,
                                    formats=tuple(args.formats or FORMATS),
@@ -70,4 +106,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -4,20 +4,29 @@ resolution): apps.train with --recipe finetune and the weights given first.
 
 python -m apps.finetune WEIGHTS --variant B/16 --image-size 384 --folder DIR --eval-folder DIR
                         [--grad-accum 8] [--ema 0.9999] [any other apps.train flag]
+
+WEIGHTS is a file (.npz, .keras, .weights.h5, .safetensors, .pth) or a pre-trained name such
+as augreg_in21k.
 """
 
-import sys
+from . import train
+from .common import run
 
-from apps import train
+
+def build_parser():
+    parser = train.build_parser("finetune", __doc__)
+    parser.add_argument("weights_file", metavar="WEIGHTS",
+                        help="the checkpoint to start from: a file or a pre-trained name")
+    parser.set_defaults(recipe="finetune")
+    return parser
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0].startswith("-"):
-        raise SystemExit("usage: python -m apps.finetune WEIGHTS [apps.train flags]")
-    weights, rest = argv[0], argv[1:]
-    return train.main(["--recipe", "finetune", "--weights", weights, *rest])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.weights = args.weights_file
+    return train.run_training(args)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

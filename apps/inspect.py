@@ -2,20 +2,19 @@
 (Figure 6), patch-embedding filters, position-embedding similarity and mean attention distance
 against depth (Figure 7), and writes the numbers as JSON.
 
-python -m apps.inspect runs/fashion_mnist/model.keras [--out docs/inspect] [--images 6]
+python -m apps.inspect runs/fashion_mnist/model.keras [photo.png ...] [--out DIR]
 """
 
-import argparse
 import json
 import os
 
-import keras
 import matplotlib
 import numpy as np
 
-from apps.common import add_data_arguments
 from vit_keras import analysis, data
 from vit_keras.preprocessing import preprocess
+
+from .common import add_data_arguments, app_parser, load_model, positive_int, run
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -74,26 +73,53 @@ def distance_figure(distances, path):
     save(figure, path)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser():
+    parser = app_parser("inspect", __doc__)
     parser.add_argument("model", help="a .keras file")
-    parser.add_argument("--out", help="output folder (default: inspect/ beside the model)")
-    parser.add_argument("--images", type=int, default=6, help="how many images to draw")
-    parser.add_argument("--distance-images", type=int, default=64)
-    add_data_arguments(parser, "images to draw")
-    args = parser.parse_args(argv)
-    model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    parser.add_argument("images", nargs="*",
+                        help="image files to draw (PNG, JPEG, any size; resized to the model's "
+                             "input); default: images of --dataset / --folder")
+    parser.add_argument("--out", help="output folder, which must not hold files yet unless "
+                                      "--overwrite (default: inspect/ beside the model)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an output folder that holds files already")
+    parser.add_argument("--images", dest="count", type=positive_int, default=6,
+                        help="how many dataset images to draw")
+    parser.add_argument("--distance-images", type=positive_int, default=64,
+                        help="dataset images the mean attention distance averages over")
+    add_data_arguments(parser, "images to draw when no files are given")
+    return parser
+
+
+def output_folder(args) -> str:
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.model)), "inspect")
+    if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
+        raise FileExistsError(f"output folder {out!r} holds files already; pass --overwrite "
+                              "or another --out")
     os.makedirs(out, exist_ok=True)
+    return out
+
+
+def input_pixels(args, model):
+    """(images to draw, images for the attention distance), uint8 at the model's size."""
+    size, channels = tuple(model.input.shape[1:3]), model.input.shape[-1]
+    if args.images:
+        pixels = data.load_image_files(args.images, size, channels)
+        return pixels, pixels
     dataset, _ = data.load_source(args.dataset, "test", args.folder, args.data_dir)
-    count = max(args.images, args.distance_images)
-    pixels = data.sample_images(dataset, tuple(model.input.shape[1:3]), model.input.shape[-1],
-                                count)
-    inputs = preprocess(pixels)
-    maps = analysis.attention_rollout(model, inputs[:args.images])
-    distances = analysis.mean_attention_distance(model, inputs[:args.distance_images])
+    pixels = data.sample_images(dataset, size, channels, max(args.count, args.distance_images))
+    return pixels[:args.count], pixels[:args.distance_images]
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    model = load_model(args.model)
+    shown, measured = input_pixels(args, model)
+    out = output_folder(args)
+    maps = analysis.attention_rollout(model, preprocess(shown))
+    distances = analysis.mean_attention_distance(model, preprocess(measured))
     numbers = {"mean_attention_distance": distances.round(3).tolist()}
-    figures = {"rollout.png": lambda path: rollout_figure(pixels[:args.images], maps, path),
+    figures = {"rollout.png": lambda path: rollout_figure(shown, maps, path),
                "attention_distance.png": lambda path: distance_figure(distances, path),
                # hybrids have no image-patch filters; posemb="none" has no similarity
                "filters.png": lambda path: filters_figure(analysis.patch_filters(model), path),
@@ -113,4 +139,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -6,7 +6,6 @@ python -m apps.predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
 Labels come from labels.txt beside the model unless --labels names another file.
 """
 
-import argparse
 import os
 import pathlib
 
@@ -14,6 +13,8 @@ import numpy as np
 
 from vit_keras import data
 from vit_keras.export import Predictor
+
+from .common import app_parser, positive_int, run
 
 
 def image_paths(inputs) -> list[str]:
@@ -40,13 +41,16 @@ def read_labels(path, count):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = app_parser("predict", __doc__)
     parser.add_argument("model", help="a .keras file, SavedModel folder, .tflite or .onnx")
     parser.add_argument("images", nargs="+", help="image files or folders")
-    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--top-k", type=positive_int, default=3,
+                        help="how many labels to print per image")
     parser.add_argument("--labels", help="one class name a line (default: labels.txt beside "
                                          "the model)")
     args = parser.parse_args(argv)
+    if not os.path.exists(args.model):
+        raise FileNotFoundError(f"model {args.model!r} does not exist")
     model = Predictor(args.model)
     paths = image_paths(args.images)
     height, width, channels = model.input_shape
@@ -63,4 +67,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -15,9 +15,17 @@ import time
 
 import keras
 
-from apps.common import add_data_arguments, add_model_arguments, model_from_arguments
 from vit_keras import data, distribute, training
 from vit_keras.weights import load_weights
+
+from .common import (
+    add_data_arguments,
+    add_model_arguments,
+    app_parser,
+    model_from_arguments,
+    positive_int,
+    run,
+)
 
 # The main job's model: 7x7 patches of 4x4 pixels, 4 blocks of width 64, global average
 # pooling and fixed sincos2d position embeddings (big_vision's "plain ViT" choices).
@@ -28,44 +36,50 @@ MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
+# Where the data came from, kept in result.json for the apps that read the run later.
+DATA_FLAGS = ("dataset", "folder", "eval_folder", "data_dir", "train_split", "eval_split")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentParser:
+    parser = app_parser(name, doc)
     source = add_data_arguments(parser, "training and held-out images")
     source.add_argument("--eval-folder", help="held-out DIR/<class>/<images> for --folder")
-    source.add_argument("--train-split", default="train")
-    source.add_argument("--eval-split", default="test")
-    source.add_argument("--on-bad-image", default="skip", choices=["skip", "raise"])
-    run = parser.add_argument_group("training")
-    run.add_argument("--recipe", default=None, choices=sorted(training.RECIPES),
+    source.add_argument("--train-split", default="train", help="tfds split to train on")
+    source.add_argument("--eval-split", default="test", help="tfds split to evaluate on")
+    source.add_argument("--on-bad-image", default="skip", choices=["skip", "raise"],
+                        help="an unreadable file in --folder: leave it out with a warning, or "
+                             "stop")
+    fit = parser.add_argument_group("training")
+    fit.add_argument("--recipe", default=None, choices=sorted(training.RECIPES),
                      help="default: fashion_mnist for the main job, else scratch")
-    run.add_argument("--epochs", type=int, default=14)
-    run.add_argument("--batch-size", type=int, default=128,
+    fit.add_argument("--epochs", type=positive_int, default=14, help="passes over the data")
+    fit.add_argument("--batch-size", type=positive_int, default=128,
                      help="global batch, split over the replicas")
-    run.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
-    run.add_argument("--weights", help="initial weights: a file (.npz, .keras, ...) or a "
+    fit.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
+    fit.add_argument("--weights", help="initial weights: a file (.npz, .keras, ...) or a "
                                        "pre-trained name such as augreg_in21k")
-    run.add_argument("--grad-accum", type=int, default=None,
+    fit.add_argument("--grad-accum", type=positive_int, default=None,
                      help="average gradients over N steps before each update")
-    run.add_argument("--ema", type=float, default=None,
+    fit.add_argument("--ema", type=float, default=None,
                      help="Polyak averaging of the weights with this momentum (e.g. 0.9999)")
-    run.add_argument("--limit", type=int, default=None, help="use only N training images")
-    run.add_argument("--eval-limit", type=int, default=None,
+    fit.add_argument("--limit", type=positive_int, default=None,
+                     help="use only N training images")
+    fit.add_argument("--eval-limit", type=positive_int, default=None,
                      help="evaluate on the first N held-out images only")
-    run.add_argument("--run-dir", default=None, help="default runs/<dataset>")
-    run.add_argument("--distribution", default="auto", choices=distribute.KINDS,
+    fit.add_argument("--run-dir", default=None, help="default runs/<dataset>")
+    fit.add_argument("--distribution", default="auto", choices=distribute.KINDS,
                      help="auto picks from the devices present (see docs/distribute.md)")
-    run.add_argument("--tpu", help="TPU name or grpc:// address for --distribution tpu")
-    run.add_argument("--model-axis", type=int, default=2, help="devices per model replica "
-                                                               "for --distribution model-parallel")
-    run.add_argument("--steps-per-execution", type=int, default=1,
+    fit.add_argument("--tpu", help="TPU name or grpc:// address for --distribution tpu")
+    fit.add_argument("--model-axis", type=positive_int, default=2,
+                     help="devices per model replica for --distribution model-parallel")
+    fit.add_argument("--steps-per-execution", type=positive_int, default=1,
                      help="train steps per compiled call (TPU: 32 or more)")
-    run.add_argument("--jit-compile", default=None, choices=sorted(JIT_COMPILE),
+    fit.add_argument("--jit-compile", default=None, choices=sorted(JIT_COMPILE),
                      help="model.compile's jit_compile (XLA on TensorFlow and JAX, "
                           "torch.compile on PyTorch); default Keras' auto, and true for the "
                           "main job on TensorFlow")
-    run.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
+    fit.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"],
+                     help="Keras dtype policy")
     add_model_arguments(parser, variant=None, image_size=None)
     return parser
 
@@ -152,6 +166,7 @@ def write_results(args, run_dir, model, names, num_classes, history, eval_batche
         result.update(test_accuracy=round(scores["accuracy"], 4),
                       test_top5=round(scores["top5"], 4))
     result["total_seconds"] = round(time.time() - started, 1)
+    result["data"] = {key: getattr(args, key) for key in DATA_FLAGS}
     with open(os.path.join(run_dir, "result.json"), "w") as file:
         json.dump(result, file, indent=1)
     print(json.dumps(result, indent=1))
@@ -161,7 +176,11 @@ def write_results(args, run_dir, model, names, num_classes, history, eval_batche
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    return run_training(build_parser().parse_args(argv))
+
+
+def run_training(args) -> dict:
+    """Trains, evaluates and writes the run described by parsed arguments."""
     fill_defaults(args)
     started = time.time()
     recipe = recipe_from_arguments(args)
@@ -190,4 +209,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

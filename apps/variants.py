@@ -3,12 +3,12 @@
 python -m apps.variants [--image-size 224] [--num-classes 1000] [--pretrained]
 """
 
-import argparse
-
 import keras
 
 import vit_keras as vk
 from vit_keras.weights import pretrained
+
+from .common import app_parser, positive_int, run
 
 
 def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
@@ -37,9 +37,11 @@ def pretrained_table() -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--num-classes", type=int, default=1000)
+    parser = app_parser("variants", __doc__)
+    parser.add_argument("--image-size", type=positive_int, default=224,
+                        help="image size the parameter counts are for")
+    parser.add_argument("--num-classes", type=positive_int, default=1000,
+                        help="classes of the head the counts include")
     parser.add_argument("--pretrained", action="store_true",
                         help="print the table of named pre-trained checkpoints instead")
     args = parser.parse_args(argv)
@@ -48,4 +50,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

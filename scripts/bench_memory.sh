@@ -14,4 +14,3 @@ backends=("$@")
 for backend in "${backends[@]}"; do
   bench --memory --variants Ti/16 --json "docs/bench/memory/$backend.json"
 done
-$py -m apps.readme --write

@@ -7,7 +7,7 @@ bash scripts/setup.sh
 if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null
 fi
-.venv/bin/ruff check vit_keras apps tests
+.venv/bin/ruff check vit_keras apps benchmarks tests
 for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend"
   # pytest exits 5 when it collects no test: that is a failure here too.

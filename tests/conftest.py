@@ -54,16 +54,6 @@ def images(batch=2, height=32, width=32, seed=1):
     return rng.uniform(-1, 1, (batch, height, width, 3)).astype("float32")
 
 
-def tf_cpu_only() -> bool:
-    """TensorFlow without an accelerator: where Keras' "auto" leaves XLA off, our default
-    turns it on in float32, and the benchmark also times our other XLA choice."""
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return not tf.config.list_physical_devices("GPU") + tf.config.list_physical_devices("TPU")
-
-
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
     keras.utils.set_random_seed(0)

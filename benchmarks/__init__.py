@@ -1,0 +1,10 @@
+"""Speed and memory of vit_keras against its peers, and of two source trees against each other.
+
+Not installed: run from the repository root (`python -m benchmarks.bench`).
+"""
+
+# The tiny model of every --smoke run: checks that a benchmark runs, measures nothing.
+SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
+SMOKE_IMAGE_SIZE = 32
+# --jit-compile's values: model.compile's jit_compile ("auto" leaves the choice to Keras).
+JIT_COMPILE = {"auto": "auto", "true": True, "false": False}

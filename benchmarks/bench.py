@@ -1,0 +1,171 @@
+"""Benchmarks our ViT against timm (PyTorch) and keras-hub in the same run: inference
+images/s (batch 32 by default) and latency (batch 1), training images/s, model GFLOPs and
+utilisation against the matmul peak measured here, and the main job's input pipeline.
+
+python -m benchmarks.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfloat16]
+                           [--batch 32 ...] [--peers timm keras-hub] [--jit-compile auto true]
+                           [--json bench.json] [--smoke] [--memory]
+
+Run it once per backend (KERAS_BACKEND=...); peers that are not installed are reported as
+unavailable. Medians over --repeats timed samples after --warmup untimed calls, the
+implementations taking turns sample by sample; a sample repeats a fast call for --min-sample
+seconds. --memory measures peak memory instead, each implementation in a process of its own.
+"""
+
+# torch and timm (which loads torch._dynamo) before TensorFlow, or the process segfaults.
+try:
+    import timm  # noqa: F401
+    import torch  # noqa: F401
+except ImportError:  # timm is an optional peer
+    pass
+
+# isort: split
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+import keras  # noqa: E402
+
+from benchmarks import JIT_COMPILE  # noqa: E402
+from benchmarks.machine import describe_machine  # noqa: E402
+from benchmarks.memory import measure_memory, memory_child  # noqa: E402
+from benchmarks.runners import (  # noqa: E402
+    forward_flops,
+    model_spec,
+    peers_available,
+    runner_factories,
+)
+from benchmarks.tables import (  # noqa: E402
+    format_rate,
+    framework_of,
+    markdown,
+    matmul_key,
+    memory_markdown,
+)
+from benchmarks.timing import (  # noqa: E402
+    matmul_peak,
+    measure_in_turns,
+    pipeline_throughput,
+    square_matmul,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=["Ti/16", "S/16", "B/16", "main"])
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch", type=int, nargs="+",
+                        help="inference and training batch sizes, 32 unless given (several: a "
+                             "scaling sweep)")
+    parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--peers", nargs="*", default=["timm", "keras-hub"])
+    parser.add_argument("--jit-compile", nargs="+", choices=list(JIT_COMPILE), default=["auto"],
+                        help="model.compile's jit_compile for our model, one row each (default "
+                             "auto: Keras' choice); keras-hub always gets auto")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="also measure timm under torch.compile (ours: --jit-compile true "
+                             "on the torch backend)")
+    parser.add_argument("--exact-gelu", action="store_true",
+                        help="also measure our model with the exact (erf) GELU of timm and "
+                             "keras-hub instead of the official checkpoints' tanh GELU")
+    parser.add_argument("--skip-training", action="store_true",
+                        help="inference only (for large models and resolutions)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--min-sample", type=float, default=0.5,
+                        help="seconds a timed sample lasts at least: a faster call is repeated "
+                             "within it")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny model, batch 2, one repetition: checks the benchmark runs")
+    parser.add_argument("--markdown", nargs="+", metavar="JSON",
+                        help="print the table of saved reports instead of measuring")
+    parser.add_argument("--memory", action="store_true",
+                        help="instead of timing, measure each implementation's peak memory "
+                             "(first inference call, then first training step) in a process "
+                             "of its own")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    return parser
+
+
+def measure_speed(args, peers) -> dict:
+    """The matmul peaks, the input pipeline and every implementation's rates."""
+    backend = keras.backend.backend()
+    sizes = (128, 256) if args.smoke else (1024, 2048, 3072)
+    report = {"machine": describe_machine(), "backend": backend, "peers": peers,
+              "matmul_gflops": {}, "matmul_size": {}, "results": []}
+    frameworks = ["keras"] + (["torch"] if peers.get("timm") is True else [])
+    for precision in args.precisions:
+        for framework in frameworks:
+            key = matmul_key(backend, framework, precision)
+            report["matmul_gflops"][key], report["matmul_size"][key] = matmul_peak(
+                framework, precision, sizes, args.repeats)
+    report["pipeline_images_s"] = pipeline_throughput(3 if args.smoke else 50)
+    for variant in args.variants:
+        config, image_size = model_spec(variant, args.image_size)
+        flops = forward_flops(config, image_size)
+        for precision in args.precisions:
+            for batch in args.batch:
+                runners = {name: build() for name, build in runner_factories(
+                    config, image_size, precision, batch, peers, args.jit_compile,
+                    args.torch_compile, args.exact_gelu).items()}
+                matmuls = {}
+                for framework in frameworks:
+                    size = report["matmul_size"][matmul_key(backend, framework, precision)]
+                    matmuls[framework] = (square_matmul(framework, precision, size), 2 * size**3)
+                measured, peaks = measure_in_turns(runners, batch, args.repeats, args.warmup,
+                                                   train=not args.skip_training, matmuls=matmuls,
+                                                   min_sample_s=args.min_sample)
+                del runners, matmuls
+                keras.backend.clear_session()
+                for name, result in measured.items():
+                    result.update(implementation=name, variant=variant, image_size=image_size,
+                                  batch=batch, precision=precision,
+                                  gflops_per_image=flops / 1e9,
+                                  infer_gflops_s=result["infer_images_s"] * flops / 1e9,
+                                  matmul_gflops_s=peaks[framework_of(name)])
+                    report["results"].append(result)
+                    print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
+                          f"{name:>12}: infer {result['infer_images_s']:8.1f} img/s, latency "
+                          f"{result['latency_ms']:7.1f} ms, train "
+                          f"{format_rate(result['train_images_s'])} img/s, inference "
+                          f"{result['infer_gflops_s']:.0f} GFLOP/s beside a matmul's "
+                          f"{result['matmul_gflops_s']:.0f}", flush=True)
+    return report
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.memory_child:
+        child = json.loads(args.memory_child)
+        result = memory_child(child["spec"], child["options"])
+        print(json.dumps(result))
+        return result
+    if args.markdown:
+        reports = []
+        for path in args.markdown:
+            with open(path) as file:
+                reports.append(json.load(file))
+        print(memory_markdown(reports) if "memory" in reports[0] else markdown(reports))
+        return reports
+    if len(set(args.jit_compile)) < len(args.jit_compile):
+        raise SystemExit(f"--jit-compile lists a value twice: {' '.join(args.jit_compile)}")
+    if args.smoke:
+        args.variants, args.repeats, args.warmup, args.min_sample = ["smoke"], 1, 1, 0.01
+    args.batch = args.batch or ([2] if args.smoke else [32])
+    peers = peers_available(args.peers)
+    if args.memory:
+        report = {"machine": describe_machine(), "backend": keras.backend.backend(),
+                  "peers": peers, "memory": measure_memory(args, peers)}
+        print(memory_markdown([report]))
+    else:
+        report = measure_speed(args, peers)
+        print(markdown([report]))
+        print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
+    if args.json:
+        with open(args.json, "w") as file:
+            json.dump(report, file, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

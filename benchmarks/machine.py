@@ -1,0 +1,76 @@
+"""What machine a measurement ran on: the CPU as Linux describes it in /proc/cpuinfo, its cores,
+vector extensions and memory, and the Keras backend's devices. Rates depend on all of them, so
+every report records them."""
+
+import functools
+import os
+import platform
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def first_cpu_info() -> dict[str, str]:
+    """The first processor's fields ("model name", "flags", ...); empty where there is no
+    /proc/cpuinfo (another OS)."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            first_cpu = file.read().split("\n\n")[0]
+    except OSError:
+        return {}
+    return dict(map(str.strip, line.split(":", 1)) for line in first_cpu.splitlines()
+                if ":" in line)
+
+
+def cpu_flags() -> set[str]:
+    """The x86 feature flags; empty where none are listed (an Arm CPU lists "Features")."""
+    return set(first_cpu_info().get("flags", "").split())
+
+
+def backend_devices() -> list[str]:
+    """The devices the Keras backend computes on (torch's backend has no keras.distribution)."""
+    import keras
+
+    if keras.backend.backend() == "torch":
+        from torch import cuda
+
+        return [f"cuda:{i}" for i in range(cuda.device_count())] or ["cpu:0"]
+    return keras.distribution.list_devices()
+
+
+def describe_host() -> dict:
+    """The CPU, its cores and vector extensions, and memory: what needs no Keras backend."""
+    cpu = first_cpu_info().get("model name") or platform.processor() or platform.machine()
+    flags = cpu_flags()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpu": cpu, "logical_cores": os.cpu_count(),
+            "isa": [flag for flag in ISA_FLAGS if flag in flags],
+            "memory_gib": round(memory, 1),
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+
+
+def describe_machine() -> dict:
+    """The host and the devices of the Keras backend this process runs."""
+    return {**describe_host(), "devices": backend_devices()}
+
+
+def machine_line(machine: dict) -> str:
+    isa = ", ".join(machine["isa"]) or "none of " + ", ".join(ISA_FLAGS)
+    line = (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({isa}), "
+            f"{machine['memory_gib']:.0f} GiB")
+    if "devices" in machine:
+        line += f", devices {', '.join(machine['devices'])}"
+    return line
+
+
+def machines_sentence(reports: list[dict]) -> str:
+    """The machines the reports were measured on, for the line under a table; where they
+    differ, which backends' rows each one measured."""
+    backends_on = {}
+    for report in reports:
+        backends_on.setdefault(machine_line(report["machine"]), set()).add(report["backend"])
+    if len(backends_on) == 1:
+        return f"Machine: {next(iter(backends_on))}."
+    return "Machines: " + "; ".join(
+        f"{', '.join(sorted(backends))} on {line}"
+        for line, backends in sorted(backends_on.items(), key=lambda item: sorted(item[1]))) + "."

@@ -1,0 +1,149 @@
+"""The implementations a benchmark measures, built from one config: ours (vit_keras), timm's
+VisionTransformer on PyTorch and keras-hub's ViTBackbone with a 1000-class head. A runner is a
+dict of calls ("infer", "latency" at batch 1, "train": one step) and facts ("params",
+"jit_compile"). Also the model's FLOP count, from its shape."""
+
+import keras
+import numpy as np
+
+import vit_keras as vk
+from apps.train import MAIN_JOB_MODEL
+from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL
+
+OURS = "vit_keras"
+
+
+def model_spec(name: str, image_size: int) -> tuple[vk.ViTConfig, int]:
+    """The config and image size of a variant name, "main" (the main job's model, at its image
+    size) or "smoke" (a tiny model at 32 px)."""
+    if name == "main":
+        shape = {k: MAIN_JOB_MODEL[k] for k in
+                 ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")}
+        return vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"]
+    if name == "smoke":
+        return vk.ViTConfig(**SMOKE_MODEL), SMOKE_IMAGE_SIZE
+    return vk.get_config(name), image_size
+
+
+def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000) -> float:
+    """2 x multiply-accumulates of one forward pass (token classifier)."""
+    patches = (image_size // config.patch_size) ** 2
+    tokens, d, m = patches + 1, config.hidden_size, config.mlp_dim
+    macs = patches * config.patch_size**2 * 3 * d
+    macs += config.num_layers * (4 * tokens * d * d + 2 * tokens * tokens * d + 2 * tokens * d * m)
+    return 2.0 * (macs + d * num_classes)
+
+
+def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dict:
+    """A Keras classifier made by build() under the precision's dtype policy, compiled with
+    jit_compile, and its calls."""
+    keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
+    try:
+        model = build()
+        model.compile(keras.optimizers.Adam(1e-4),
+                      keras.losses.CategoricalCrossentropy(from_logits=True),
+                      jit_compile=jit_compile)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
+    x = x.astype("float32")
+    y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
+    return {"params": model.count_params(), "jit_compile": model.jit_compile,
+            "infer": lambda: model.predict_on_batch(x),
+            "latency": lambda: model.predict_on_batch(x[:1]),
+            "train": lambda: model.train_on_batch(x, y)}
+
+
+def ours_runner(config, image_size, precision, batch, jit_compile="auto", approximate_gelu=True):
+    """approximate_gelu=False: the exact GELU that timm and keras-hub compute, for a
+    like-for-like comparison."""
+    return keras_runner(lambda: vk.vit(config, image_size=image_size, num_classes=1000,
+                                       approximate_gelu=approximate_gelu),
+                        image_size, precision, batch, jit_compile)
+
+
+def timm_runner(config, image_size, precision, batch, compiled=False) -> dict:
+    """timm eager, or under torch.compile; bfloat16 through torch.autocast."""
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = VisionTransformer(
+        img_size=image_size, patch_size=config.patch_size, embed_dim=config.hidden_size,
+        depth=config.num_layers, num_heads=config.num_heads,
+        mlp_ratio=config.mlp_dim / config.hidden_size, num_classes=1000)
+    x = torch.randn(batch, 3, image_size, image_size)
+    y = torch.arange(batch) % 1000
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bfloat16" \
+        else (lambda: torch.autocast("cpu", enabled=False))
+    step_model = torch.compile(model) if compiled else model
+    optimizer = torch.optim.Adam(model.parameters(), 1e-4)
+
+    def infer(images):
+        with torch.no_grad(), autocast():
+            step_model.eval()(images)
+
+    def train_step():
+        with autocast():
+            loss = torch.nn.functional.cross_entropy(step_model.train()(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return {"params": sum(p.numel() for p in model.parameters()), "jit_compile": compiled,
+            "infer": lambda: infer(x), "latency": lambda: infer(x[:1]), "train": train_step}
+
+
+def keras_hub_runner(config, image_size, precision, batch):
+    """Compiled with Keras' "auto", what keras-hub's users get without flags."""
+    import keras_hub
+
+    def build():
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=(image_size, image_size, 3), patch_size=config.patch_size,
+            num_layers=config.num_layers, num_heads=config.num_heads,
+            hidden_dim=config.hidden_size, mlp_dim=config.mlp_dim)
+        inputs = keras.Input((image_size, image_size, 3))
+        pooled = backbone(inputs)[:, 0]
+        return keras.Model(inputs, keras.layers.Dense(1000, dtype="float32")(pooled))
+
+    return keras_runner(build, image_size, precision, batch)
+
+
+def ours_name(jit_compile: str, first: bool) -> str:
+    """Our row's name: OURS for the first --jit-compile value, with the value for the others."""
+    return OURS if first else f"{OURS} jit_compile={jit_compile}"
+
+
+def runner_factories(config, image_size, precision, batch, peers, jit_compile=("auto",),
+                     torch_compile=False, exact_gelu=False) -> dict:
+    """Every implementation the run measures, by name, as a function that builds its runner:
+    ours once per jit_compile value ("auto", "true", "false"), the exact-GELU build with the
+    first of them, and the available peers."""
+    make = {ours_name(value, i == 0): lambda value=value: ours_runner(
+        config, image_size, precision, batch, JIT_COMPILE[value])
+        for i, value in enumerate(jit_compile)}
+    if exact_gelu:
+        make[f"{OURS}-erf-gelu"] = lambda: ours_runner(
+            config, image_size, precision, batch, JIT_COMPILE[jit_compile[0]],
+            approximate_gelu=False)
+    if peers.get("timm") is True:
+        make["timm"] = lambda: timm_runner(config, image_size, precision, batch)
+        if torch_compile:
+            make["timm-compile"] = lambda: timm_runner(config, image_size, precision, batch,
+                                                       compiled=True)
+    if peers.get("keras-hub") is True:
+        make["keras-hub"] = lambda: keras_hub_runner(config, image_size, precision, batch)
+    return make
+
+
+def peers_available(names) -> dict:
+    """Per peer, True or why it cannot run."""
+    available = {}
+    for name in names:
+        module = {"timm": "timm", "keras-hub": "keras_hub"}[name]
+        try:
+            __import__(module)
+            available[name] = True
+        except ImportError as err:
+            available[name] = f"unavailable ({err})"
+    return available

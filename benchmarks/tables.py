@@ -1,0 +1,83 @@
+"""Markdown tables from saved reports: speed (with utilisation against the run's matmul peak)
+and peak memory."""
+
+from benchmarks.machine import machines_sentence
+
+
+def matmul_key(backend: str, framework: str, precision: str) -> str:
+    """The report's name for a matmul peak: Keras' on this backend, or torch's (timm's)."""
+    return f"keras-{backend}-{precision}" if framework == "keras" else f"torch-{precision}"
+
+
+def framework_of(implementation: str) -> str:
+    return "torch" if implementation.startswith("timm") else "keras"
+
+
+def result_matmul_key(report: dict, result: dict) -> str:
+    """The matmul peak a result is measured against: its framework's, at its precision."""
+    return matmul_key(report["backend"], framework_of(result["implementation"]),
+                      result["precision"])
+
+
+def run_peaks(report: dict) -> dict:
+    """Per matmul key, the highest median GFLOP/s the run measured, in the sweep at its start
+    or beside any model: a peak is the most the machine did, and a single reading can dip."""
+    peaks = dict(report["matmul_gflops"])
+    for r in report["results"]:
+        key = result_matmul_key(report, r)
+        peaks[key] = max(peaks[key], r["matmul_gflops_s"])
+    return peaks
+
+
+def utilisation(report: dict, result: dict) -> float:
+    return result["infer_gflops_s"] / run_peaks(report)[result_matmul_key(report, result)]
+
+
+def format_rate(value) -> str:
+    """Images/s with two decimals below 10 (B/16 at 384 px runs under 1), one above."""
+    if value is None:
+        return "not run"
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}"
+
+
+def format_mib(value) -> str:
+    return "not run" if value is None else f"{value:,.0f}"
+
+
+def markdown(reports: list[dict], footer: bool = True) -> str:
+    """The speed table from one or more --json reports (footer: the matmul peaks utilisation
+    divides by, input pipeline rates and machines)."""
+    rows = ["| backend | variant | px | batch | precision | implementation | infer img/s | "
+            " | latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for report in reports:
+        for r in report["results"]:
+            rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
+                        f"{r['batch']} | {r['precision']} | {r['implementation']} | "
+                        f"{format_rate(r['infer_images_s'])} | "
+                        f"{r['latency_ms']:.1f} | {format_rate(r['train_images_s'])} | "
+                        f"{r['gflops_per_image']:.2f} | {utilisation(report, r):.0%} |")
+    if not footer:
+        return "\n".join(rows)
+    peaks = "; ".join(f"{k} {v:.0f}" for report in reports for k, v in run_peaks(report).items())
+    pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
+    return "\n".join(rows) + (
+        "\n\n% of matmul peak: inference GFLOP/s over the run's peak, the highest median GFLOP/s "
+        "of a square matmul it measured, in a sweep of sizes at its start or in the turns "
+        f"beside each model (torch's for timm, the backend's for the rest): {peaks}. "
+        f"Main job input pipeline alone (images/s): {pipeline}. {machines_sentence(reports)}")
+
+
+def memory_markdown(reports: list[dict]) -> str:
+    """The peak-memory table from one or more --memory reports."""
+    rows = ["| backend | variant | px | batch | precision | implementation | "
+            "weights MiB | inference peak MiB | training peak MiB | second training step MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for report in reports:
+        for r in report["memory"]:
+            rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
+                        f"{r['batch']} | {r['precision']} | {r['implementation']} | "
+                        f"{r['params'] * 4 / 2**20:,.0f} | "
+                        f"{format_mib(r['infer_peak_mib'])} | {format_mib(r['train_peak_mib'])} | "
+                        f"{format_mib(r['train_again_peak_mib'])} |")
+    return "\n".join(rows)

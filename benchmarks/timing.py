@@ -1,0 +1,106 @@
+"""Timing: medians of calls taking turns, the matmul peak that utilisation divides by, and the
+main job's input pipeline on its own."""
+
+import math
+import statistics
+import time
+
+import keras
+import numpy as np
+
+
+def timed(call) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def timed_in_turns(calls: dict, repeats: int, warmup: int, min_sample_s: float = 0.0) -> dict:
+    """Median seconds of each call, timed one sample of each per round (the first rotating), so
+    that a shared machine's drift falls on every implementation alike. A sample repeats a fast
+    call until it lasts about min_sample_s (counted from one untimed call after the warmup):
+    single calls of a few milliseconds are at the mercy of the scheduler's jitter."""
+    names = list(calls)
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    calls_per_sample = dict.fromkeys(names, 1)
+    if min_sample_s:
+        for name in names:
+            once = max(timed(calls[name]), 1e-6)
+            calls_per_sample[name] = max(1, math.ceil(min_sample_s / once))
+    times = {name: [] for name in names}
+    for round_ in range(repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            started = time.perf_counter()
+            for _ in range(calls_per_sample[name]):
+                calls[name]()
+            times[name].append((time.perf_counter() - started) / calls_per_sample[name])
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
+def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=None,
+                     min_sample_s=0.0):
+    """Inference, batch-1 latency and (train) training rates of every runner, in turns; and the
+    GFLOP/s of each square matmul in matmuls ({framework: (call, flop)}), timed in the
+    inference turns so that utilisation divides rates measured side by side."""
+    matmuls = matmuls or {}
+    kinds = ["infer", "latency"] + (["train"] if train else [])
+    seconds = {}
+    for kind in kinds:
+        calls = {name: r[kind] for name, r in runners.items()}
+        if kind == "infer":
+            calls.update({f"matmul-{framework}": call for framework, (call, _) in matmuls.items()})
+        seconds[kind] = timed_in_turns(calls, repeats, warmup, min_sample_s)
+    results = {name: {"params": r["params"], "jit_compile": r["jit_compile"],
+                      "infer_images_s": batch / seconds["infer"][name],
+                      "latency_ms": seconds["latency"][name] * 1000,
+                      "train_images_s": batch / seconds["train"][name] if train else None}
+               for name, r in runners.items()}
+    peaks = {framework: flop / seconds["infer"][f"matmul-{framework}"] / 1e9
+             for framework, (_, flop) in matmuls.items()}
+    return results, peaks
+
+
+def square_matmul(framework: str, precision: str, size: int):
+    """A call that multiplies two size x size matrices and waits for the product: Keras' on its
+    backend, or torch's."""
+    if framework == "keras":
+        a = keras.ops.ones((size, size), dtype=precision)
+        return lambda: keras.ops.convert_to_numpy(
+            keras.ops.cast(keras.ops.matmul(a, a)[0, 0], "float32"))
+    import torch
+
+    a = torch.ones(size, size, dtype=getattr(torch, precision))
+    return lambda: a @ a
+
+
+def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> tuple[float, int]:
+    """The median GFLOP/s of square matmuls at the size where that median is highest, and that
+    size: the machine's practical peak for that framework (one size alone can dip below its
+    neighbours). Medians, since a single call can be lucky."""
+    rates = {}
+    for size in sizes:
+        call = square_matmul(framework, precision, size)
+        call()
+        rates[size] = 2 * size**3 / statistics.median(timed(call) for _ in range(repeats)) / 1e9
+    size = max(rates, key=rates.get)
+    return rates[size], size
+
+
+def pipeline_throughput(batches: int) -> float:
+    """Images/s the main job's training pipeline delivers on its own."""
+    from vit_keras import data, training
+
+    images = np.random.default_rng(0).integers(0, 256, (8192, 28, 28, 1), dtype=np.uint8)
+    recipe = training.RECIPES["fashion_mnist"]
+    dataset = data.make_pipeline(data.from_arrays(images, np.arange(8192) % 10),
+                                 image_size=28, num_classes=10, batch_size=128, training=True,
+                                 crop=recipe.crop, flip=recipe.flip).repeat()
+    iterator = iter(dataset)
+    next(iterator)
+    started = time.perf_counter()
+    for _ in range(batches):
+        next(iterator)
+    return batches * 128 / (time.perf_counter() - started)

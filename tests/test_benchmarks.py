@@ -1,0 +1,309 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+from benchmarks import SMOKE_MODEL
+
+ROOT = Path(__file__).parents[1]
+
+
+def smoke_params():
+    import vit_keras as vk
+
+    return vk.vit(vk.ViTConfig(**SMOKE_MODEL), image_size=32, num_classes=1000).count_params()
+
+
+def keras_auto_uses_xla() -> bool:
+    """Where Keras' jit_compile="auto" resolves to XLA: JAX, and TensorFlow on an accelerator."""
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        return backend == "jax"
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU") + tf.config.list_physical_devices("TPU"))
+
+
+def test_bench_smoke_runs_ours_and_both_peers_on_the_same_model(tmp_path):
+    from benchmarks import bench, tables
+
+    report = bench.main(["--smoke", "--peers", "timm", "keras-hub", "--json",
+                         str(tmp_path / "bench.json")])
+    assert report["peers"] == {"timm": True, "keras-hub": True}
+    names = ["vit_keras", "timm", "keras-hub"]
+    assert [(r["implementation"], r["precision"]) for r in report["results"]] == [
+        (name, precision) for precision in ("float32", "bfloat16") for name in names]
+    # Ours and keras-hub get Keras' "auto"; timm runs eager.
+    auto = keras_auto_uses_xla()
+    assert {r["implementation"]: r["jit_compile"] for r in report["results"]} == {
+        "vit_keras": auto, "timm": False, "keras-hub": auto}
+    # The peers are built from our config: the same architecture, hence the same count.
+    assert {r["params"] for r in report["results"]} == {smoke_params()}
+    for result in report["results"]:
+        assert result["infer_images_s"] > 0 and result["train_images_s"] > 0
+        # Utilisation is against the matmul timed beside it: torch's for timm.
+        framework = "torch" if result["implementation"] == "timm" else "keras"
+        alongside = {r["matmul_gflops_s"] for r in report["results"]
+                     if r["precision"] == result["precision"]
+                     and (r["implementation"] == "timm") == (framework == "torch")}
+        assert len(alongside) == 1 and result["matmul_gflops_s"] > 0
+        # Utilisation is against the run's peak: the most its sweep or any in-turn matmul did.
+        key = f"keras-{keras.backend.backend()}" if framework == "keras" else "torch"
+        peak = tables.run_peaks(report)[f"{key}-{result['precision']}"]
+        assert peak == max(report["matmul_gflops"][f"{key}-{result['precision']}"],
+                           *alongside)
+        assert tables.utilisation(report, result) == pytest.approx(
+            result["infer_images_s"] * result["gflops_per_image"] / peak)
+    assert set(report["matmul_size"]) == set(report["matmul_gflops"]) == {
+        f"{framework}-{precision}" for framework in (f"keras-{keras.backend.backend()}", "torch")
+        for precision in ("float32", "bfloat16")}
+    assert report["pipeline_images_s"] > 0
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    assert saved["backend"] == report["backend"]
+    assert saved["machine"]["logical_cores"] == os.cpu_count()
+    assert saved["machine"]["devices"]
+
+
+def test_bench_jit_compile_adds_a_row_of_ours_per_value():
+    from benchmarks import bench
+
+    # "true" is left out: on PyTorch it is torch.compile (its own test below).
+    report = bench.main(["--smoke", "--peers", "--precisions", "float32", "--skip-training",
+                         "--jit-compile", "false", "auto"])
+    assert {r["implementation"]: r["jit_compile"] for r in report["results"]} == {
+        "vit_keras": False, "vit_keras jit_compile=auto": keras_auto_uses_xla()}
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke", "--jit-compile", "auto", "auto"])
+    with pytest.raises(SystemExit):
+        bench.main(["--smoke", "--jit-compile", "xla"])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's peak reset")
+def test_peak_memory_reads_what_a_call_allocates():
+    """Arrays of known size: 200 MiB touched by inference, 400 by each training step, freed
+    after."""
+    import numpy as np
+
+    from benchmarks import memory
+
+    mib = 2**20 // 8  # float64 elements per MiB
+    runner = {"infer": lambda: np.ones(200 * mib).sum(), "train": lambda: np.ones(400 * mib).sum()}
+    found = memory.peak_memory_of(runner, train=True)
+    assert 195 < found["infer_peak_mib"] < 240, found
+    assert 395 < found["train_peak_mib"] < 440, found
+    assert 395 < found["train_again_peak_mib"] < 440, found
+    untrained = memory.peak_memory_of(runner, train=False)
+    assert untrained["train_peak_mib"] is None and untrained["train_again_peak_mib"] is None
+
+
+def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
+    from benchmarks import bench, tables
+
+    report = bench.main(["--smoke", "--memory", "--precisions", "float32", "--peers", "timm",
+                         "--json", str(tmp_path / "memory.json")])
+    assert [r["implementation"] for r in report["memory"]] == ["vit_keras", "timm"]
+    for result in report["memory"]:
+        assert result["params"] == smoke_params()
+        assert result["infer_peak_mib"] > 0 and result["train_peak_mib"] > 0
+        assert result["train_again_peak_mib"] >= 0  # reported; its sizes: the test above
+        assert result["resident_mib"] > 100  # the libraries and the model
+    assert json.loads((tmp_path / "memory.json").read_text())["memory"] == report["memory"]
+    table = bench.main(["--markdown", str(tmp_path / "memory.json")])
+    assert table[0]["memory"] == report["memory"]
+    assert "| smoke | 32 | 2 | float32 | timm | 0 |" in tables.memory_markdown(table)
+
+
+def test_bench_times_implementations_in_turns_with_a_rotating_first():
+    from benchmarks import timing
+
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    medians = timing.timed_in_turns(calls, repeats=3, warmup=1)
+    assert order == list("abc" "abc" "bca" "cab")
+    assert set(medians) == set("abc") and all(s >= 0 for s in medians.values())
+
+
+def test_bench_repeats_a_fast_call_within_a_sample_and_reports_seconds_per_call():
+    import time
+
+    from benchmarks import timing
+
+    order = []
+
+    def sleeper(name, seconds):
+        def call():
+            order.append(name)
+            time.sleep(seconds)
+        return call
+
+    medians = timing.timed_in_turns({"fast": sleeper("fast", 0.004),
+                                     "slow": sleeper("slow", 0.05)},
+                                    repeats=3, warmup=0, min_sample_s=0.04)
+    # One calibration call each, then per round one sample each, the first rotating; the fast
+    # call is repeated to fill 0.04 s (at most 10 times: sleep never returns early).
+    repeated = (order.count("fast") - 1) // 3
+    fast = ["fast"] * repeated
+    assert order == ["fast", "slow"] + fast + ["slow"] + ["slow"] + fast + fast + ["slow"]
+    assert 3 <= repeated <= 10
+    assert 0.004 <= medians["fast"] < 0.012 and 0.05 <= medians["slow"] < 0.1
+
+
+def test_bench_matmul_peak_chooses_the_size_by_its_median_not_one_fast_call(monkeypatch):
+    import time
+
+    from benchmarks import timing
+
+    # Size 1 (2 FLOP): one lucky call of 1 ms among 20 ms ones; size 2 (16 FLOP): 10 ms each.
+    # By the fastest call size 1 would win (2 FLOP in 1 ms beats 16 in 10); by medians size 2.
+    sleeps = {1: iter([0.02, 0.001, 0.02, 0.02]), 2: iter([0.01] * 4)}
+    monkeypatch.setattr(timing, "square_matmul", lambda framework, precision, size: (
+        lambda: time.sleep(next(sleeps[size]))))
+    gflops, size = timing.matmul_peak("keras", "float32", (1, 2), repeats=3)
+    assert size == 2
+    assert 16 / 0.015 / 1e9 < gflops <= 16 / 0.01 / 1e9  # sleep overshoots by under 5 ms
+
+
+def test_bench_times_the_matmul_peak_in_the_inference_turns():
+    import time
+
+    from benchmarks import timing
+
+    order = []
+    runners = {name: {"params": 1, "jit_compile": False,
+                      "infer": lambda name=name: order.append(name),
+                      "latency": lambda: None, "train": lambda: None} for name in "ab"}
+
+    def matmul():
+        order.append("matmul-keras")
+        time.sleep(0.02)
+
+    measured, peaks = timing.measure_in_turns(runners, batch=4, repeats=3, warmup=0,
+                                              matmuls={"keras": (matmul, 1e9)})
+    assert order == ["a", "b", "matmul-keras", "b", "matmul-keras", "a", "matmul-keras", "a", "b"]
+    # 1e9 FLOP in no less than 0.02 s: at most 50 GFLOP/s (a loaded machine sleeps longer).
+    assert 10 < peaks["keras"] <= 50
+    assert set(measured) == {"a", "b"}
+
+
+def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
+    from benchmarks import tables
+
+    def result(name, precision, gflops, beside):
+        return {"implementation": name, "precision": precision, "variant": "B/16",
+                "image_size": 224, "batch": 8, "infer_images_s": gflops / 10,
+                "latency_ms": 1.0, "train_images_s": None, "gflops_per_image": 10.0,
+                "infer_gflops_s": gflops, "matmul_gflops_s": beside, "jit_compile": True}
+
+    report = {"backend": "jax", "matmul_gflops": {"keras-jax-float32": 100.0,
+                                                  "torch-float32": 90.0},
+              "results": [result("vit_keras", "float32", 80.0, 60.0),
+                          result("keras-hub", "float32", 40.0, 120.0),
+                          result("timm", "float32", 45.0, 80.0)],
+              "pipeline_images_s": 1.0,
+              "machine": {"cpu": "x", "logical_cores": 2, "isa": [], "memory_gib": 1.0,
+                          "devices": ["cpu:0"]}}
+    # Keras: the in-turn 120 beats the sweep's 100; torch: the sweep's 90 beats the in-turn 80.
+    assert tables.run_peaks(report) == {"keras-jax-float32": 120.0, "torch-float32": 90.0}
+    assert [tables.utilisation(report, r) for r in report["results"]] == pytest.approx(
+        [80 / 120, 40 / 120, 45 / 90])
+    table = tables.markdown([report])
+    assert "| vit_keras | 8.00 |" in table and table.count("| 67% |") == 1
+    assert "keras-jax-float32 120; torch-float32 90" in table
+
+
+def test_machines_sentence_says_which_backends_each_machine_measured():
+    from benchmarks import machine
+
+    def report(backend, cpu):
+        return {"backend": backend, "machine": {"cpu": cpu, "logical_cores": 2, "isa": ["avx2"],
+                                                "memory_gib": 24.0, "devices": ["cpu:0"]}}
+
+    line = "{}, 2 logical cores (avx2), 24 GiB, devices cpu:0"
+    assert machine.machines_sentence([report("jax", "A"), report("torch", "A")]) == (
+        f"Machine: {line.format('A')}.")
+    assert machine.machines_sentence(
+        [report("torch", "B"), report("jax", "A"), report("tensorflow", "B")]) == (
+        f"Machines: jax on {line.format('A')}; tensorflow, torch on {line.format('B')}.")
+
+
+def test_machine_description_reads_the_cpu_flags():
+    from benchmarks import machine
+
+    described = machine.describe_machine()
+    assert described["logical_cores"] == os.cpu_count() and described["devices"]
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
+             for flag in line.split(":", 1)[1].split()}
+    assert machine.cpu_flags() <= flags
+    assert described["isa"] == [f for f in machine.ISA_FLAGS if f in flags]
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
+def test_bench_torch_compile_times_our_compiled_model_which_predicts_like_eager():
+    # A fresh process: torch._dynamo loaded after TensorFlow segfaults, and this process's
+    # import order is not the benchmark's.
+    code = """if True:
+        import json
+        import numpy as np
+        from benchmarks import SMOKE_MODEL, bench
+        import vit_keras as vk
+        model = vk.vit(vk.ViTConfig(**SMOKE_MODEL), image_size=32, include_top=False)
+        x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+        model.compile(jit_compile=False)
+        eager = model.predict_on_batch(x)
+        model.compile(jit_compile=True)
+        compiled = model.predict_on_batch(x)
+        report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
+                             "--skip-training", "--torch-compile", "--jit-compile", "auto",
+                             "true"])
+        print(json.dumps({"error": float(np.abs(eager - compiled).max()),
+                          "spread": float(np.abs(eager).max()),
+                          "jit": {r["implementation"]: r["jit_compile"]
+                                  for r in report["results"]}}))
+    """
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "KERAS_BACKEND": "torch"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert found["spread"] > 0.1 and found["error"] < 1e-5
+    assert found["jit"] == {"vit_keras": False, "vit_keras jit_compile=true": True,
+                            "timm": False, "timm-compile": True}
+
+
+def test_bench_sweeps_batch_sizes():
+    from benchmarks import bench, tables
+
+    report = bench.main(["--smoke", "--peers", "--precisions", "float32", "--skip-training",
+                         "--batch", "1", "3"])
+    assert [(r["implementation"], r["batch"]) for r in report["results"]] == [
+        ("vit_keras", 1), ("vit_keras", 3)]
+    table = tables.markdown([report])
+    assert "| smoke | 32 | 1 | float32 | vit_keras |" in table
+    assert "| smoke | 32 | 3 | float32 | vit_keras |" in table
+
+
+def test_bench_skip_training_measures_inference_only():
+    from benchmarks import bench, tables
+
+    report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
+                         "--skip-training", "--exact-gelu"])
+    assert [r["implementation"] for r in report["results"]] == [
+        "vit_keras", "vit_keras-erf-gelu", "timm"]
+    for result in report["results"]:
+        assert result["infer_images_s"] > 0 and result["train_images_s"] is None
+    assert "| not run |" in tables.markdown([report])
+
+
+def test_flop_count_matches_timm_figure():
+    import vit_keras as vk
+    from benchmarks import runners
+
+    # timm's figures: B/16 at 224 is 17.58 GMACs, at 384 55.5
+    assert abs(runners.forward_flops(vk.get_config("B/16"), 224) / 2e9 - 17.58) < 0.1
+    assert abs(runners.forward_flops(vk.get_config("B/16"), 384) / 2e9 - 55.5) < 0.3

@@ -19,10 +19,15 @@ def main(argv=None):
         "--split", default="test", help="tfds split (or Fashion-MNIST's train / test)")
     parser.add_argument("--batch-size", type=positive_int, default=256,
                         help="images per forward pass")
+    parser.add_argument("--quantize", choices=["int8", "float8", "int4"],
+                        help="evaluate the model quantized with Keras' model.quantize "
+                             "(every dense kernel)")
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
     model = load_model(args.model)
+    if args.quantize:
+        model.quantize(args.quantize)
     dataset, names = data.load_source(args.dataset, args.split, args.folder, args.data_dir)
     num_classes = model.outputs[0].shape[-1]
     names = names or [str(i) for i in range(num_classes)]
@@ -30,6 +35,7 @@ def main(argv=None):
                                  num_classes=num_classes, batch_size=args.batch_size,
                                  training=False, channels=model.input.shape[-1])
     report = evaluation.classification_report(*evaluation.predict_labels(model, batches), names)
+    report["quantization"] = args.quantize
     out = args.out or os.path.dirname(os.path.abspath(args.model))
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "evaluation.json"), "w") as file:

@@ -15,7 +15,8 @@ import time
 
 import keras
 
-from vit_keras import data, distribute, training
+import vit_keras as vk
+from vit_keras import data, distribute, lora, training
 from vit_keras.weights import load_weights
 
 from .common import (
@@ -58,6 +59,13 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
     fit.add_argument("--weights", help="initial weights: a file (.npz, .keras, ...) or a "
                                        "pre-trained name such as augreg_in21k")
+    fit.add_argument("--lora-rank", type=positive_int, default=None,
+                     help="train only rank-N LoRA adapters (and the head) instead of every "
+                          "weight; the saved model.keras holds the adapters merged")
+    fit.add_argument("--lora-targets", nargs="+", default=["query", "value"],
+                     choices=lora.TARGETS, help="the block layers that get adapters")
+    fit.add_argument("--remat", action="store_true",
+                     help="recompute each block in the backward pass to save memory")
     fit.add_argument("--grad-accum", type=positive_int, default=None,
                      help="average gradients over N steps before each update")
     fit.add_argument("--ema", type=float, default=None,
@@ -146,25 +154,28 @@ def build_model(args, recipe, num_classes, distribution) -> keras.Model:
     with distribution.scope:
         model = model_from_arguments(args, num_classes=num_classes,
                                      dropout_rate=recipe.dropout_rate,
-                                     stochastic_depth_rate=recipe.stochastic_depth_rate)
+                                     stochastic_depth_rate=recipe.stochastic_depth_rate,
+                                     remat=args.remat)
         if args.weights:
             report = load_weights(model, args.weights, variant=args.variant)
             print(report if report is not None else f"{args.weights}: loaded")
+        if args.lora_rank:
+            vk.lora(model, rank=args.lora_rank, targets=args.lora_targets)
     return model
 
 
 def write_results(args, run_dir, model, names, num_classes, history, eval_batches, started,
                   fit_started) -> dict:
     model_path = os.path.join(run_dir, "model.keras")
-    model.save(model_path)
-    with open(os.path.join(run_dir, "labels.txt"), "w") as file:
-        file.write("\n".join(names or map(str, range(num_classes))) + "\n")
     result = {"epochs": len(history), "fit_seconds": round(time.time() - fit_started, 1),
               "model": model_path}
     if eval_batches is not None:
         scores = model.evaluate(eval_batches, return_dict=True, verbose=0)
         result.update(test_accuracy=round(scores["accuracy"], 4),
                       test_top5=round(scores["top5"], 4))
+    (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
+    with open(os.path.join(run_dir, "labels.txt"), "w") as file:
+        file.write("\n".join(names or map(str, range(num_classes))) + "\n")
     result["total_seconds"] = round(time.time() - started, 1)
     result["data"] = {key: getattr(args, key) for key in DATA_FLAGS}
     with open(os.path.join(run_dir, "result.json"), "w") as file:

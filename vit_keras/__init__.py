@@ -2,6 +2,7 @@
 
 from vit_keras import layers, resnet, training  # they register classes .keras files name
 from vit_keras.configs import VARIANTS, ViTConfig, get_config
+from vit_keras.lora import lora, merge_lora
 from vit_keras.models import vit
 from vit_keras.preprocessing import preprocess
 from vit_keras.weights import (
@@ -14,6 +15,6 @@ from vit_keras.weights import (
 )
 
 __all__ = ["VARIANTS", "LoadReport", "ViTConfig", "get_config", "layers", "load_npz",
-           "load_pytorch_weights", "load_weights", "preprocess", "resnet", "save_npz",
-           "save_weights", "training", "vit"]
+           "load_pytorch_weights", "load_weights", "lora", "merge_lora", "preprocess", "resnet",
+           "save_npz", "save_weights", "training", "vit"]
 __version__ = "0.1.0"

@@ -137,8 +137,11 @@ PRE_LOGITS = "pre_logits"
 HEAD = "head"
 
 
+BLOCK_PREFIX = "Transformer_encoderblock_"
+
+
 def block_name(index: int) -> str:
-    return f"Transformer_encoderblock_{index}"
+    return f"{BLOCK_PREFIX}{index}"
 
 
 def checkpoint_name(layer_name: str) -> str:

@@ -28,6 +28,37 @@ def layer_norm(name: str) -> keras.layers.LayerNormalization:
     return keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
 
 
+class SavesSublayers:
+    """For layers that make Keras sub-layers in build(): their configs (dtype policy, so an
+    int8 or float8 quantization, and LoRA rank included) go into get_config as "sublayers",
+    and a layer made from that config builds them from it, so a quantized or LoRA model saved
+    as .keras loads back as it was."""
+
+    SUBLAYERS: tuple[str, ...] = ()
+
+    def _init_sublayers(self, sublayers: dict | None) -> None:
+        self._saved_sublayers = dict(sublayers or {})
+
+    def _sublayer(self, cls, name: str, **kwargs):
+        saved = self._saved_sublayers.get(name)
+        return cls.from_config(saved) if saved else cls(name=name, **kwargs)
+
+    def sublayer_configs(self) -> dict:
+        if not self.built:
+            return self._saved_sublayers
+        return {name: getattr(self, attr).get_config() for attr, name in self.SUBLAYERS}
+
+
+def no_quantization(layer_class):
+    """model.quantize leaves this layer as it is (no dense kernel), without a warning."""
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        pass
+
+    layer_class.quantize = quantize
+    return layer_class
+
+
 def dropout_if_active(dropout: keras.layers.Dropout, x, training):
     """dropout(x) only where it can drop something: in training, at a rate above 0. A layer
     call that returns its input still costs eager backends a layer call."""
@@ -35,6 +66,7 @@ def dropout_if_active(dropout: keras.layers.Dropout, x, training):
 
 
 @_register
+@no_quantization
 class PatchEmbedding(keras.layers.Layer):
     """Cuts images into patch_size x patch_size patches and projects each one (the paper's E).
 
@@ -87,6 +119,7 @@ class PatchEmbedding(keras.layers.Layer):
 
 
 @_register
+@no_quantization
 class ClassToken(keras.layers.Layer):
     """Prepends the learned class token x_class (zero-initialised) to the patch tokens."""
 
@@ -104,7 +137,7 @@ class ClassToken(keras.layers.Layer):
 
 
 @_register
-class MultiHeadDotProductAttention(keras.layers.Layer):
+class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     """Self-attention softmax(q k^T / sqrt(D_h)) v with the official parameter shapes.
 
     query / key / value are EinsumDense layers with kernels (D, heads, D_h) and biases
@@ -113,13 +146,16 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     computed (vit_keras.kernels.ATTENTION_KERNELS).
     """
 
+    SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
+
     def __init__(self, num_heads: int, dropout_rate: float = 0.0,
-                 attention_kernel: str = "auto", **kwargs):
+                 attention_kernel: str = "auto", sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
         self.attention_kernel = kernels.check_attention_kernel(attention_kernel)
         self.dropout = keras.layers.Dropout(dropout_rate)
+        self._init_sublayers(sublayers)
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -131,8 +167,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         limit = math.sqrt(3 / width)
 
         def projection(equation, output_shape, bias_axes, name):
-            return keras.layers.EinsumDense(
-                equation, output_shape, bias_axes=bias_axes, name=name,
+            return self._sublayer(
+                keras.layers.EinsumDense, name, equation=equation, output_shape=output_shape,
+                bias_axes=bias_axes,
                 kernel_initializer=keras.initializers.RandomUniform(-limit, limit))
 
         self.query, self.key, self.value = (
@@ -158,11 +195,12 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads,
                 "dropout_rate": self.dropout_rate,
-                "attention_kernel": self.attention_kernel}
+                "attention_kernel": self.attention_kernel,
+                "sublayers": self.sublayer_configs()}
 
 
 @_register
-class MlpBlock(keras.layers.Layer):
+class MlpBlock(SavesSublayers, keras.layers.Layer):
     """Dense(mlp_dim) -> GELU -> dropout -> Dense(D) -> dropout, official initialisers.
 
     approximate_gelu: the tanh GELU of the official checkpoints, or the exact erf GELU of
@@ -170,20 +208,25 @@ class MlpBlock(keras.layers.Layer):
     the shape every backend's matrix multiply takes directly.
     """
 
+    SUBLAYERS = (("dense_0", "Dense_0"), ("dense_1", "Dense_1"))
+
     def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, approximate_gelu: bool = True,
-                 **kwargs):
+                 sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
         self.approximate_gelu = approximate_gelu
         self.dropout = keras.layers.Dropout(dropout_rate)
+        self._init_sublayers(sublayers)
 
     def build(self, input_shape):
-        bias_init = keras.initializers.RandomNormal(stddev=1e-6)
-        self.dense_0 = keras.layers.Dense(self.mlp_dim, kernel_initializer="glorot_uniform",
-                                          bias_initializer=bias_init, name="Dense_0")
-        self.dense_1 = keras.layers.Dense(input_shape[-1], kernel_initializer="glorot_uniform",
-                                          bias_initializer=bias_init, name="Dense_1")
+        def dense(units, name):
+            return self._sublayer(keras.layers.Dense, name, units=units,
+                                  kernel_initializer="glorot_uniform",
+                                  bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
+
+        self.dense_0 = dense(self.mlp_dim, "Dense_0")
+        self.dense_1 = dense(input_shape[-1], "Dense_1")
         self.dense_0.build((None, input_shape[-1]))
         self.dense_1.build((None, self.mlp_dim))
 
@@ -199,7 +242,8 @@ class MlpBlock(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "mlp_dim": self.mlp_dim,
-                "dropout_rate": self.dropout_rate, "approximate_gelu": self.approximate_gelu}
+                "dropout_rate": self.dropout_rate, "approximate_gelu": self.approximate_gelu,
+                "sublayers": self.sublayer_configs()}
 
 
 @_register
@@ -213,13 +257,24 @@ class TransformerBlock(keras.layers.Layer):
     attention probabilities (batch, heads, tokens, tokens), from the same weights.
     normed: LN(z) when the caller has it already (export folds the class token's row, which
     does not depend on the image, into a constant).
+    remat: in training, keep only the block's input and recompute the rest in the backward
+    pass (keras.remat), trading compute for activation memory. Stochastic depth draws its
+    masks outside the recomputed part; dropout inside it would draw new ones, so remat
+    requires dropout_rate and attention_dropout_rate 0.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
                  approximate_gelu: bool = True, attention_kernel: str = "auto",
-                 seed: int | None = None, **kwargs):
+                 remat: bool = False, seed: int | None = None, sublayers: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
+        if remat and (dropout_rate or attention_dropout_rate):
+            raise ValueError(
+                "remat recomputes the block in the backward pass, where dropout would draw "
+                f"other masks: it needs dropout_rate 0 and attention_dropout_rate 0, got "
+                f"{dropout_rate} and {attention_dropout_rate} (stochastic depth is fine)")
+        self.remat = remat
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
@@ -229,11 +284,14 @@ class TransformerBlock(keras.layers.Layer):
         self.attention_kernel = attention_kernel
         self.seed = seed
         self.norm_0 = layer_norm("LayerNorm_0")
+        sublayers = sublayers or {}
         self.attention = MultiHeadDotProductAttention(
             num_heads, attention_dropout_rate, attention_kernel,
+            sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
             name="MultiHeadDotProductAttention_1")
         self.norm_2 = layer_norm("LayerNorm_2")
-        self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu, name="MlpBlock_3")
+        self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu,
+                            sublayers=sublayers.get("MlpBlock_3"), name="MlpBlock_3")
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.seed_generator = keras.random.SeedGenerator(seed) if drop_path_rate else None
 
@@ -241,21 +299,33 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.norm_0, self.attention, self.norm_2, self.mlp):
             layer.build(input_shape)
 
-    def _drop_path(self, branch, training):
+    def _drop_path_scale(self, x, training):
+        """Per-sample scale of a residual branch: 0 or 1/keep in training, None when off."""
         if not training or not self.drop_path_rate:
-            return branch
+            return None
         keep = 1.0 - self.drop_path_rate
-        noise = keras.random.uniform((ops.shape(branch)[0], 1, 1), seed=self.seed_generator)
-        return branch * ops.cast(noise < keep, branch.dtype) / keep
+        noise = keras.random.uniform((ops.shape(x)[0], 1, 1), seed=self.seed_generator)
+        return ops.cast(noise < keep, x.dtype) / keep
 
     def call(self, x, training=None, return_attention_scores=False, normed=None):
+        scales = [self._drop_path_scale(x, training) for _ in range(2)]
+        if self.remat and training and not return_attention_scores and normed is None:
+            ones = ops.ones_like(x[:, :1, :1])
+            scales = [ones if scale is None else scale for scale in scales]
+            return keras.remat(lambda x, *s: self._forward(x, s, training))(x, *scales)
+        return self._forward(x, scales, training, return_attention_scores, normed)
+
+    def _forward(self, x, scales, training, return_attention_scores=False, normed=None):
+        def scaled(branch, scale):
+            return branch if scale is None else branch * scale
+
         normed = self.norm_0(x) if normed is None else normed
         y = self.attention(normed, training=training,
                            return_attention_scores=return_attention_scores)
         if return_attention_scores:
             y, scores = y
-        x = x + self._drop_path(dropout_if_active(self.dropout, y, training), training)
-        x = x + self._drop_path(self.mlp(self.norm_2(x), training=training), training)
+        x = x + scaled(dropout_if_active(self.dropout, y, training), scales[0])
+        x = x + scaled(self.mlp(self.norm_2(x), training=training), scales[1])
         return (x, scores) if return_attention_scores else x
 
     def compute_output_shape(self, input_shape):
@@ -267,10 +337,14 @@ class TransformerBlock(keras.layers.Layer):
                 "attention_dropout_rate": self.attention_dropout_rate,
                 "drop_path_rate": self.drop_path_rate,
                 "approximate_gelu": self.approximate_gelu,
-                "attention_kernel": self.attention_kernel, "seed": self.seed}
+                "attention_kernel": self.attention_kernel, "remat": self.remat,
+                "seed": self.seed,
+                "sublayers": {"MultiHeadDotProductAttention_1": self.attention.sublayer_configs(),
+                              "MlpBlock_3": self.mlp.sublayer_configs()}}
 
 
 @_register
+@no_quantization
 class TokenPooling(keras.layers.Layer):
     """The classifier's read-out: token 0 ("token") or the mean over all tokens ("gap")."""
 

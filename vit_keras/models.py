@@ -36,6 +36,7 @@ def vit(
     weights: str | None = None,
     approximate_gelu: bool = True,
     attention_kernel: str = "auto",
+    remat: bool = False,
     head_bias_init: float = 0.0,
     channels: int = 3,
     name: str | None = None,
@@ -52,6 +53,8 @@ def vit(
     approximate_gelu=True is the tanh GELU the official checkpoints were trained with;
     False gives the exact erf GELU of timm and Hugging Face.
     attention_kernel: "auto", "fused" or "einsum" (vit_keras.kernels).
+    remat: recompute each block in the backward pass instead of keeping its activations
+    (layers.TransformerBlock), for models that do not fit otherwise.
     stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
     weights: a local .npz / .keras / .weights.h5 / PyTorch file, or a pre-trained name such
     as "augreg_in21k" (vit_keras.weights.pretrained), downloaded once into the Keras cache.
@@ -64,7 +67,7 @@ def vit(
     height, width = as_pair(image_size, "image_size")
     inputs = keras.Input((height, width, channels), name="images")
     x = _encoder(inputs, config, classifier, posemb, dropout_rate, attention_dropout_rate,
-                 stochastic_depth_rate, approximate_gelu, attention_kernel)
+                 stochastic_depth_rate, approximate_gelu, attention_kernel, remat)
     x = TokenPooling(classifier, dtype="float32", name="pool")(x)
     if representation_size:
         x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
@@ -81,7 +84,8 @@ def vit(
 
 
 def _encoder(images, config: ViTConfig, classifier, posemb, dropout_rate,
-             attention_dropout_rate, stochastic_depth_rate, approximate_gelu, attention_kernel):
+             attention_dropout_rate, stochastic_depth_rate, approximate_gelu, attention_kernel,
+             remat):
     """Images -> the encoder's normalised tokens (batch, tokens, D)."""
     x = images
     if config.is_hybrid:
@@ -100,7 +104,7 @@ def _encoder(images, config: ViTConfig, classifier, posemb, dropout_rate,
             config.num_heads, config.mlp_dim, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate,
             drop_path_rate=stochastic_depth_rate * i / max(depth - 1, 1),
-            approximate_gelu=approximate_gelu, attention_kernel=attention_kernel,
+            approximate_gelu=approximate_gelu, attention_kernel=attention_kernel, remat=remat,
             name=configs.block_name(i),
         )(x)
     return layer_norm(configs.ENCODER_NORM)(x)

@@ -152,6 +152,9 @@ class AddPositionEmbedding(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Nothing to quantize: model.quantize leaves the embedding in float."""
+
     def get_config(self):
         return {**super().get_config(), "grid_size": self.grid_size,
                 "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind}

@@ -52,16 +52,26 @@ def num_blocks(keys) -> int:
 
 
 def model_variables(model: keras.Model) -> dict[str, keras.Variable]:
-    """The model's variables under their canonical checkpoint names."""
+    """The model's variables under their canonical checkpoint names; LoRA adapters are not
+    checkpoint weights and are left out (merged_kernels has what they add)."""
     named = {}
     for layer in model.layers:
         scope = configs.checkpoint_name(layer.name)
         for variable in layer.weights:
+            if "lora_kernel" in variable.path:
+                continue
             parts = variable.path.split("/")[1:] if "/" in variable.path else [variable.name]
             parts[-1] = {"gamma": "scale", "beta": "bias"}.get(parts[-1], parts[-1])
             key = "cls" if layer.name == configs.CLASS_TOKEN else "/".join([scope, *parts])
             named[key] = variable
     return named
+
+
+def merged_kernels(model: keras.Model) -> dict[str, object]:
+    """{kernel variable path: kernel with its LoRA adapters added} for every layer that has
+    LoRA enabled (Keras' Dense and EinsumDense compute that sum as their `kernel`)."""
+    return {layer._kernel.path: layer.kernel for layer in model._flatten_layers()
+            if getattr(layer, "lora_enabled", False)}
 
 
 def _fit_posemb(model, value, ckpt_prefix, resample):

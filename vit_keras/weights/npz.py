@@ -15,6 +15,7 @@ from vit_keras.weights.assign import (
     POSEMB_KEY,
     LoadReport,
     load_params,
+    merged_kernels,
     model_variables,
 )
 
@@ -95,9 +96,10 @@ def load_npz(model: keras.Model, path: str, resample: str = "auto") -> LoadRepor
 
 
 def model_params(model: keras.Model) -> dict[str, np.ndarray]:
-    """The model's weights as canonical (pre-Linen) arrays."""
-    return {key: keras.ops.convert_to_numpy(variable.value).astype("float32")
-            for key, variable in model_variables(model).items()}
+    """The model's weights as canonical (pre-Linen) arrays, LoRA adapters merged in."""
+    merged = merged_kernels(model)
+    return {key: keras.ops.convert_to_numpy(merged.get(variable.path, variable.value))
+            .astype("float32") for key, variable in model_variables(model).items()}
 
 
 def save_npz(model: keras.Model, path: str, overwrite: bool = False) -> None:

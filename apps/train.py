@@ -16,7 +16,8 @@ import time
 import keras
 
 import vit_keras as vk
-from vit_keras import data, distribute, lora, training
+from vit_keras import data, distribute, training
+from vit_keras.lora import TARGETS as LORA_TARGETS
 from vit_keras.weights import load_weights
 
 from .common import (
@@ -63,7 +64,7 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                      help="train only rank-N LoRA adapters (and the head) instead of every "
                           "weight; the saved model.keras holds the adapters merged")
     fit.add_argument("--lora-targets", nargs="+", default=["query", "value"],
-                     choices=lora.TARGETS, help="the block layers that get adapters")
+                     choices=LORA_TARGETS, help="the block layers that get adapters")
     fit.add_argument("--remat", action="store_true",
                      help="recompute each block in the backward pass to save memory")
     fit.add_argument("--grad-accum", type=positive_int, default=None,

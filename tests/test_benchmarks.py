@@ -164,7 +164,7 @@ def test_bench_matmul_peak_chooses_the_size_by_its_median_not_one_fast_call(monk
         lambda: time.sleep(next(sleeps[size]))))
     gflops, size = timing.matmul_peak("keras", "float32", (1, 2), repeats=3)
     assert size == 2
-    assert 16 / 0.015 / 1e9 < gflops <= 16 / 0.01 / 1e9  # sleep overshoots by under 5 ms
+    assert 16 / 0.1 / 1e9 < gflops <= 16 / 0.01 / 1e9  # a loaded machine oversleeps
 
 
 def test_bench_times_the_matmul_peak_in_the_inference_turns():

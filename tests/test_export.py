@@ -132,7 +132,7 @@ def test_export_refuses_to_overwrite(trained, exported):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     assert done.returncode != 0
-    assert "exists; pass overwrite=True (--overwrite)" in done.stderr
+    assert "exists; pass --overwrite to replace it" in done.stderr
 
 
 def test_wrong_input_shape_is_refused(exported):

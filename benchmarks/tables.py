@@ -48,8 +48,8 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
     """The speed table from one or more --json reports (footer: the matmul peaks utilisation
     divides by, input pipeline rates and machines)."""
     rows = ["| backend | variant | px | batch | precision | implementation | infer img/s | "
-            " | latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for report in reports:
         for r in report["results"]:
             rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "

@@ -211,6 +211,9 @@ def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
     assert [tables.utilisation(report, r) for r in report["results"]] == pytest.approx(
         [80 / 120, 40 / 120, 45 / 90])
     table = tables.markdown([report])
+    # every line of the table has as many cells as the header
+    lines = table.split("\n\n")[0].splitlines()
+    assert {line.count("|") for line in lines} == {12}, lines
     assert "| vit_keras | 8.00 |" in table and table.count("| 67% |") == 1
     assert "keras-jax-float32 120; torch-float32 90" in table
 

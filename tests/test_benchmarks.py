@@ -339,3 +339,25 @@ def test_every_block_renders_and_an_unknown_block_fails_loudly():
         render.render("<!-- benchgpu:begin -->\n<!-- benchgpu:end -->\n", "page.md")
     with pytest.raises(ValueError, match=r"\['bench'\] have a begin marker without"):
         render.render("<!-- bench:begin -->\nno end\n", "page.md")
+
+
+def test_revisions_compares_two_trees_taking_turns(tmp_path):
+    """Both trees are this checkout: the comparison runs, alternates, and reads each tree's
+    vit_keras."""
+    from benchmarks import revisions
+
+    report = revisions.main(["--before", str(ROOT), "--after", str(ROOT), "--smoke",
+                             "--rounds", "2", "--json", str(tmp_path / "revisions.json")])
+    assert [(r["round"], r["tree"]) for r in report["runs"]] == [
+        (0, "before"), (0, "after"), (1, "after"), (1, "before")]
+    for run in report["runs"]:
+        assert run["backend"] == keras.backend.backend()
+        assert Path(run["vit_keras"]).parent.parent == ROOT.resolve()
+        assert run["params"] == smoke_params() and len(run["infer_s"]) == 5
+    [summary] = report["summary"]
+    assert summary["variant"] == "smoke" and summary["batch"] == 2
+    for kind in ("infer", "train"):
+        assert summary[kind]["before_images_s"] > 0 and summary[kind]["after_images_s"] > 0
+        assert summary[kind]["ratio"] == pytest.approx(
+            summary[kind]["after_images_s"] / summary[kind]["before_images_s"])
+    assert json.loads((tmp_path / "revisions.json").read_text())["summary"] == report["summary"]

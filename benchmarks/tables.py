@@ -1,5 +1,6 @@
 """Markdown tables from saved reports: speed (with utilisation against the run's matmul peak)
-and peak memory."""
+and peak memory. A row's jit_compile is what its model was compiled with: XLA on TensorFlow and
+JAX, torch.compile on PyTorch and for timm."""
 
 from benchmarks.machine import machines_sentence
 
@@ -44,17 +45,21 @@ def format_mib(value) -> str:
     return "not run" if value is None else f"{value:,.0f}"
 
 
+def format_jit(value) -> str:
+    return str(value).lower()
+
+
 def markdown(reports: list[dict], footer: bool = True) -> str:
     """The speed table from one or more --json reports (footer: the matmul peaks utilisation
     divides by, input pipeline rates and machines)."""
-    rows = ["| backend | variant | px | batch | precision | implementation | infer img/s | "
-            " | latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
+    rows = ["| backend | variant | px | batch | precision | implementation | jit_compile | "
+            "infer img/s | latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for report in reports:
         for r in report["results"]:
             rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
                         f"{r['batch']} | {r['precision']} | {r['implementation']} | "
-                        f"{format_rate(r['infer_images_s'])} | "
+                        f"{format_jit(r['jit_compile'])} | {format_rate(r['infer_images_s'])} | "
                         f"{r['latency_ms']:.1f} | {format_rate(r['train_images_s'])} | "
                         f"{r['gflops_per_image']:.2f} | {utilisation(report, r):.0%} |")
     if not footer:
@@ -70,14 +75,14 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
 
 def memory_markdown(reports: list[dict]) -> str:
     """The peak-memory table from one or more --memory reports."""
-    rows = ["| backend | variant | px | batch | precision | implementation | "
+    rows = ["| backend | variant | px | batch | precision | implementation | jit_compile | "
             "weights MiB | inference peak MiB | training peak MiB | second training step MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for report in reports:
         for r in report["memory"]:
             rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
                         f"{r['batch']} | {r['precision']} | {r['implementation']} | "
-                        f"{r['params'] * 4 / 2**20:,.0f} | "
+                        f"{format_jit(r['jit_compile'])} | {r['params'] * 4 / 2**20:,.0f} | "
                         f"{format_mib(r['infer_peak_mib'])} | {format_mib(r['train_peak_mib'])} | "
                         f"{format_mib(r['train_again_peak_mib'])} |")
     return "\n".join(rows)

@@ -114,7 +114,7 @@ def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
     assert json.loads((tmp_path / "memory.json").read_text())["memory"] == report["memory"]
     table = bench.main(["--markdown", str(tmp_path / "memory.json")])
     assert table[0]["memory"] == report["memory"]
-    assert "| smoke | 32 | 2 | float32 | timm | 0 |" in tables.memory_markdown(table)
+    assert "| smoke | 32 | 2 | float32 | timm | false | 0 |" in tables.memory_markdown(table)
 
 
 def test_bench_times_implementations_in_turns_with_a_rotating_first():
@@ -211,7 +211,10 @@ def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
     assert [tables.utilisation(report, r) for r in report["results"]] == pytest.approx(
         [80 / 120, 40 / 120, 45 / 90])
     table = tables.markdown([report])
-    assert "| vit_keras | 8.00 |" in table and table.count("| 67% |") == 1
+    # every line of the table has as many cells as the header
+    lines = table.split("\n\n")[0].splitlines()
+    assert {line.count("|") for line in lines} == {13}, lines
+    assert "| vit_keras | true | 8.00 |" in table and table.count("| 67% |") == 1
     assert "keras-jax-float32 120; torch-float32 90" in table
 
 
@@ -307,3 +310,54 @@ def test_flop_count_matches_timm_figure():
     # timm's figures: B/16 at 224 is 17.58 GMACs, at 384 55.5
     assert abs(runners.forward_flops(vk.get_config("B/16"), 224) / 2e9 - 17.58) < 0.1
     assert abs(runners.forward_flops(vk.get_config("B/16"), 384) / 2e9 - 55.5) < 0.3
+
+
+def test_generated_blocks_in_docs_are_current():
+    """Tables in docs/*.md come from the code and docs/**/*.json: `python -m
+    benchmarks.render --write` regenerates them."""
+    from benchmarks import render
+
+    pages = render.doc_pages()
+    assert pages, "no docs/*.md"
+    found = set()
+    for path in pages:
+        text = Path(path).read_text()
+        found |= set(render.BEGIN.findall(text))
+        assert render.render(text, path) == text, f"{path} is stale: python -m benchmarks.render"
+    assert {"bench", "benchscaling", "benchmemory", "benchxlawidth", "benchavx2"} <= found
+
+
+def test_every_block_renders_and_an_unknown_block_fails_loudly():
+    from benchmarks import render
+
+    for name, make in render.BLOCKS.items():
+        assert make().strip(), name
+    page = "a\n<!-- mainjob:begin -->\nold\n<!-- mainjob:end -->\nb\n"
+    assert render.render(page) == (f"a\n<!-- mainjob:begin -->\n{render.mainjob_block()}\n"
+                                   "<!-- mainjob:end -->\nb\n")
+    with pytest.raises(ValueError, match=r"page.md has generated blocks \['benchgpu'\]"):
+        render.render("<!-- benchgpu:begin -->\n<!-- benchgpu:end -->\n", "page.md")
+    with pytest.raises(ValueError, match=r"\['bench'\] have a begin marker without"):
+        render.render("<!-- bench:begin -->\nno end\n", "page.md")
+
+
+def test_revisions_compares_two_trees_taking_turns(tmp_path):
+    """Both trees are this checkout: the comparison runs, alternates, and reads each tree's
+    vit_keras."""
+    from benchmarks import revisions
+
+    report = revisions.main(["--before", str(ROOT), "--after", str(ROOT), "--smoke",
+                             "--rounds", "2", "--json", str(tmp_path / "revisions.json")])
+    assert [(r["round"], r["tree"]) for r in report["runs"]] == [
+        (0, "before"), (0, "after"), (1, "after"), (1, "before")]
+    for run in report["runs"]:
+        assert run["backend"] == keras.backend.backend()
+        assert Path(run["vit_keras"]).parent.parent == ROOT.resolve()
+        assert run["params"] == smoke_params() and len(run["infer_s"]) == 5
+    [summary] = report["summary"]
+    assert summary["variant"] == "smoke" and summary["batch"] == 2
+    for kind in ("infer", "train"):
+        assert summary[kind]["before_images_s"] > 0 and summary[kind]["after_images_s"] > 0
+        assert summary[kind]["ratio"] == pytest.approx(
+            summary[kind]["after_images_s"] / summary[kind]["before_images_s"])
+    assert json.loads((tmp_path / "revisions.json").read_text())["summary"] == report["summary"]

@@ -1,0 +1,146 @@
+"""Renders the generated blocks of docs/*.md, `<!-- NAME:begin -->` ... `<!-- NAME:end -->`,
+from the code and from the measured results kept in docs/ (so every table comes from a
+command), and rewrites them with --write. A block name without a renderer is an error.
+
+python -m benchmarks.render [--write]
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+from apps.variants import pretrained_table, variant_table
+from benchmarks.machine import machines_sentence
+from benchmarks.tables import markdown, memory_markdown
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+BLOCK = re.compile(r"(<!-- ([\w-]+):begin -->\n)(.*?)(<!-- \2:end -->)", re.S)
+BEGIN = re.compile(r"<!-- ([\w-]+):begin -->")
+
+
+def _json(path):
+    with open(os.path.join(DOCS, path)) as file:
+        return json.load(file)
+
+
+def _reports(folder: str) -> list[dict]:
+    return [_json(os.path.relpath(p, DOCS))
+            for p in sorted(glob.glob(os.path.join(DOCS, folder, "*.json")))]
+
+
+def mainjob_block() -> str:
+    result = _json("mainjob/result.json")
+    return (f"Measured with `bash scripts/main.sh` on this project's 2-core CPU machine "
+            f"(TensorFlow backend): **{result['test_accuracy']:.2%} test accuracy** on the "
+            f"10,000 Fashion-MNIST test images after {result['epochs']} epochs, "
+            f"{result['total_seconds'] / 60:.1f} minutes in all ({result['fit_seconds'] / 60:.1f}"
+            f" of them in model.fit), top-5 {result['test_top5']:.2%}. The run's files are "
+            f"copied to `docs/mainjob/`.")
+
+
+def _export_table(report) -> str:
+    rows = ["| format | size | max abs diff (probabilities) | top-1 agreement | "
+            "latency ms/image | within tolerance |", "|---|---|---|---|---|---|"]
+    for kind, r in report["formats"].items():
+        rows.append(f"| {kind} | {r['size_bytes'] / 1024:.0f} KiB | "
+                    f"{r['max_abs_diff_probabilities']:.2e} | {r['top1_agreement']:.2%} | "
+                    f"{r['latency_ms_per_image']:.3f} | {'yes' if r['passed'] else '**no**'} |")
+    return "\n".join(rows)
+
+
+TI16_EXPORTS = {
+    "32": "trained one epoch on Fashion-MNIST at 32 px and exported at that size",
+    "224": ("the same model loaded at 224 px with its position embeddings resampled and not "
+            "fine-tuned: the numbers are about the export, not the model's accuracy"),
+}
+
+
+def export_block() -> str:
+    report = _json("export/export_report.json")
+    images = next(iter(report["formats"].values()))["images"]
+    text = (f"The main job's model ({report['model']}, input {report['input_shape']}), from "
+            f"`python -m apps.export runs/fashion_mnist/model.keras --samples {images} "
+            f"--calibration 200` on {images} held-out test images "
+            f"(`docs/export/export_report.json`):\n\n" + _export_table(report))
+    for size, how in TI16_EXPORTS.items():
+        name = f"export/ti16_{size}_export_report.json"
+        if not os.path.exists(os.path.join(DOCS, name)):
+            continue
+        ti16 = _json(name)
+        images = next(iter(ti16["formats"].values()))["images"]
+        failed = [kind for kind, r in ti16["formats"].items() if not r["passed"]]
+        verdict = (f"{', '.join(failed)} misses its bar, so that export fails loudly"
+                   if failed else "every file is within its tolerance")
+        text += (f"\n\nViT-Ti/16 at {size} px ({ti16['model']}), {how}; made by "
+                 f"`bash scripts/ti16_export.sh`, on {images} test images (`docs/{name}`): "
+                 f"{verdict}.\n\n" + _export_table(ti16))
+    return text
+
+
+def bench_block(folder: str = "bench") -> str:
+    return markdown(_reports(folder))
+
+
+def bench_scaling_block() -> str:
+    reports = _reports(os.path.join("bench", "scaling"))
+    return markdown(reports, footer=False) + "\n\n" + machines_sentence(reports)
+
+
+def bench_memory_block() -> str:
+    reports = _reports(os.path.join("bench", "memory"))
+    return memory_markdown(reports) + "\n\n" + machines_sentence(reports)
+
+
+BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
+          "export": export_block, "bench": bench_block,
+          "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
+          "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),
+          "benchavx2": lambda: bench_block(os.path.join("bench", "avx2"))}
+
+
+def render(text: str, where: str = "the text") -> str:
+    """text with every generated block rendered anew; a block whose name has no renderer, or
+    whose begin marker has no end, raises ValueError."""
+    names = BEGIN.findall(text)
+    unknown = sorted(set(names) - set(BLOCKS))
+    if unknown:
+        raise ValueError(f"{where} has generated blocks {unknown} that no renderer makes; "
+                         f"known: {sorted(BLOCKS)}")
+    closed = [match.group(2) for match in BLOCK.finditer(text)]
+    if closed != names:
+        raise ValueError(f"{where}: blocks {sorted(set(names) - set(closed))} have a begin "
+                         f"marker without its end marker")
+    return BLOCK.sub(lambda m: m.group(1) + BLOCKS[m.group(2)]() + "\n" + m.group(4), text)
+
+
+def doc_pages() -> list[str]:
+    return sorted(glob.glob(os.path.join(DOCS, "*.md")))
+
+
+def main(argv=None) -> list[str]:
+    """Renders every page; returns the pages whose blocks were stale (rewritten with --write)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="rewrite the stale pages in place")
+    args = parser.parse_args(argv)
+    stale = []
+    for path in doc_pages():
+        with open(path) as file:
+            current = file.read()
+        rendered = render(current, os.path.relpath(path, ROOT))
+        if rendered == current:
+            continue
+        stale.append(os.path.relpath(path, ROOT))
+        if args.write:
+            with open(path, "w") as file:
+                file.write(rendered)
+    verdict = "rewritten" if args.write else "stale: run with --write"
+    print(f"{', '.join(stale)} {verdict}" if stale else "docs/*.md are up to date")
+    return stale
+
+
+if __name__ == "__main__":
+    sys.exit(1 if main() and "--write" not in sys.argv else 0)

@@ -58,7 +58,7 @@ def test_few_shot_is_exact_on_separable_features_and_respects_shots():
 
 def test_few_shot_draws_shots_per_class_for_each_seed(monkeypatch):
     seen = []
-    monkeypatch.setattr(analysis, "linear_probe_accuracy",
+    monkeypatch.setattr(analysis, "linear_fewshot_accuracy",
                         lambda tx, ty, *rest: seen.append(tuple(np.bincount(ty))) or 0.5)
     labels = np.repeat(np.arange(3), 10)
     features = np.random.default_rng(1).normal(size=(30, 4))

@@ -110,6 +110,9 @@ def run_block(block: Block, folder: Path) -> None:
                                   f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
 
 
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                    reason="the examples run once, in the suite's TensorFlow pass; a block "
+                           "that needs another backend says so with a KERAS_BACKEND marker")
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_example_of_the_page_runs(page, tmp_path):
     blocks = page_blocks(page)

@@ -1,6 +1,6 @@
 """The paper's tools for looking inside a ViT (Figures 6 and 7, Section 4.5, Appendix D):
 attention rollout, mean attention distance, position-embedding similarity, patch-embedding
-filters, and the few-shot linear probe of its representation.
+filters, and the few-shot linear evaluation of its representation.
 
 The model's own layers are called in order, so the attention comes from the trained weights
 without a second model.
@@ -119,11 +119,11 @@ def patch_filters(model: keras.Model, n: int = 28) -> np.ndarray:
     return (components - low) / np.maximum(high - low, 1e-12)
 
 
-# ------------------------------------------------------------------ few-shot probe
+# ------------------------------------------------------- few-shot linear evaluation
 
 
 def representation(model: keras.Model) -> keras.Model:
-    """The frozen representation the paper probes: pre_logits if present, else the pooled
+    """The frozen representation the paper evaluates: pre_logits if present, else the pooled
     token."""
     names = [layer.name for layer in model.layers]
     name = "pre_logits" if "pre_logits" in names else "pool"
@@ -136,7 +136,7 @@ def ridge_solve(features: np.ndarray, targets: np.ndarray, l2: float) -> np.ndar
     return np.linalg.solve(gram, features.T @ targets)
 
 
-def linear_probe_accuracy(train_x, train_y, test_x, test_y, num_classes: int,
+def linear_fewshot_accuracy(train_x, train_y, test_x, test_y, num_classes: int,
                           l2: float) -> float:
     """big_vision's fewshot_lsr: features standardised on the training shots, a constant
     bias feature appended, targets 2 * onehot - 1, regularised least squares."""
@@ -166,7 +166,7 @@ def few_shot(features_train: np.ndarray, labels_train: np.ndarray, features_test
             chosen = np.concatenate([
                 rng.choice(np.flatnonzero(labels_train == c), shot, replace=False)
                 for c in classes])
-            scores.append(linear_probe_accuracy(features_train[chosen], labels_train[chosen],
+            scores.append(linear_fewshot_accuracy(features_train[chosen], labels_train[chosen],
                                                 features_test, labels_test, num_classes, l2))
         results[shot] = float(np.mean(scores))
     return results

@@ -120,3 +120,20 @@ def test_fashion_mnist_from_idx_files_and_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
     with pytest.raises(ValueError, match="is not an unsigned-byte IDX file"):
         data.read_idx(str(tmp_path / "bad"))
+
+
+def test_a_keras_cv_only_augmentation_runs_in_the_pipeline():
+    """keras-cv's GridMask (no core Keras counterpart) as augment=: it masks a quarter of a
+    plain image with zeros (-1 after scaling), on every backend."""
+    keras_cv = pytest.importorskip("keras_cv", reason="the cv extra (keras-cv) is not installed")
+    images = np.full((8, 32, 32, 3), 200, np.uint8)
+    mask = keras_cv.layers.GridMask(ratio_factor=(0.5, 0.5), rotation_factor=0.0,
+                                    fill_mode="constant", fill_value=0, seed=1)
+    batches = data.make_pipeline(data.from_arrays(images, np.arange(8) % 2), image_size=32,
+                                 num_classes=2, batch_size=8, training=True, crop="none",
+                                 flip=False, augment=(mask,))
+    x, _ = next(iter(batches))
+    x = np.asarray(x)
+    assert x.shape == (8, 32, 32, 3)
+    np.testing.assert_allclose((x == -1.0).mean(), 0.25, atol=0.05)
+    np.testing.assert_allclose(x[x != -1.0], 200 / 127.5 - 1, atol=1e-6)

@@ -3,8 +3,17 @@
 Not installed: run from the repository root (`python -m benchmarks.bench`).
 """
 
+import json
+
 # The tiny model of every --smoke run: checks that a benchmark runs, measures nothing.
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 SMOKE_IMAGE_SIZE = 32
 # --jit-compile's values: model.compile's jit_compile ("auto" leaves the choice to Keras).
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
+
+
+def write_json(report, path: str | None) -> None:
+    """The report as indented JSON at `path`, where one is given (--json)."""
+    if path:
+        with open(path, "w") as file:
+            json.dump(report, file, indent=1)

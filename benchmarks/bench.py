@@ -25,7 +25,7 @@ import json  # noqa: E402
 
 import keras  # noqa: E402
 
-from benchmarks import JIT_COMPILE  # noqa: E402
+from benchmarks import JIT_COMPILE, write_json  # noqa: E402
 from benchmarks.machine import describe_machine  # noqa: E402
 from benchmarks.memory import measure_memory, memory_child  # noqa: E402
 from benchmarks.runners import (  # noqa: E402
@@ -161,9 +161,7 @@ def main(argv=None):
         report = measure_speed(args, peers)
         print(markdown([report]))
         print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=1)
+    write_json(report, args.json)
     return report
 
 

@@ -15,6 +15,8 @@ import resource
 import subprocess
 import sys
 
+from benchmarks import write_json
+
 SETTINGS = {"full": {}, "remat": {"remat": True}, "lora": {"lora_rank": 8}}
 
 
@@ -75,9 +77,7 @@ def main(argv=None):
             raise SystemExit(f"{setting} failed:\n{done.stderr[-3000:]}")
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(rows[-1], flush=True)
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(rows, file, indent=1)
+    write_json(rows, args.json)
     return rows
 
 

@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL
+from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL, write_json
 from benchmarks.machine import describe_host
 
 TREES = ("before", "after")
@@ -165,9 +165,7 @@ def main(argv=None) -> dict:
         report["runs"] += runs
         report["summary"].append(summarise(runs, spec))
         print_summary(report["summary"][-1])
-    if args.json:
-        with open(args.json, "w") as file:
-            json.dump(report, file, indent=1)
+    write_json(report, args.json)
     return report
 
 

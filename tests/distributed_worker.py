@@ -68,7 +68,7 @@ if MODE == "mirrored":
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    mirrored = distribute.Distribution("mirrored", 2, strategy.scope(), strategy)
+    mirrored = distribute.Distribution("mirrored", 2, strategy)
     save({"single": train(distribute.choose("none")), "distributed": train(mirrored)})
 elif MODE == "jax-data-parallel":
     dp = distribute.choose("data-parallel")

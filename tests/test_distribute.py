@@ -144,3 +144,15 @@ def test_choose_names_what_each_backend_supports():
     wrong = "data-parallel" if BACKEND == "tensorflow" else "mirrored"
     with pytest.raises(ValueError, match=expected):
         distribute.choose(wrong)
+
+
+@tensorflow_only
+def test_a_strategy_scope_can_be_entered_for_building_and_again_for_training():
+    """apps.train builds the model in the distribution's scope and training.train compiles in
+    it again: each use gets a fresh scope of the same strategy."""
+    import tensorflow as tf
+
+    distribution = distribute.choose("mirrored")
+    for _ in range(2):
+        with distribution.scope:
+            assert tf.distribute.get_strategy() is distribution.strategy

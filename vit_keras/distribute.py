@@ -18,12 +18,23 @@ import keras
 KINDS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel", "model-parallel")
 
 
+TENSORFLOW_KINDS = ("tpu", "mirrored", "multiworker")
+
+
 @dataclasses.dataclass
 class Distribution:
     kind: str
     num_replicas: int  # the global batch is split over these
-    scope: contextlib.AbstractContextManager
     strategy: object = None  # the tf.distribute strategy, or the keras.distribution object
+
+    @property
+    def scope(self) -> contextlib.AbstractContextManager:
+        """A fresh context to build and compile the model in, each time it is asked for (a
+        strategy's scope object can be entered once): the TensorFlow strategy's scope; none
+        for JAX, whose distribution is set globally, and for one device."""
+        if self.kind in TENSORFLOW_KINDS:
+            return self.strategy.scope()
+        return contextlib.nullcontext()
 
     def global_batch(self, per_replica_batch: int) -> int:
         return per_replica_batch * self.num_replicas
@@ -73,7 +84,7 @@ def _tensorflow(kind: str, tpu: str | None) -> Distribution:
     else:
         raise ValueError(f"distribution {kind!r} is not for TensorFlow: expected tpu, "
                          "mirrored, multiworker or none")
-    return Distribution(kind, strategy.num_replicas_in_sync, strategy.scope(), strategy)
+    return Distribution(kind, strategy.num_replicas_in_sync, strategy)
 
 
 def _jax(kind: str, model_axis: int) -> Distribution:
@@ -102,7 +113,7 @@ def _jax(kind: str, model_axis: int) -> Distribution:
         raise ValueError(f"distribution {kind!r} is not for JAX: expected data-parallel, "
                          "model-parallel or none")
     keras.distribution.set_distribution(distribution)
-    return Distribution(kind, replicas, contextlib.nullcontext(), distribution)
+    return Distribution(kind, replicas, distribution)
 
 
 def choose(kind: str = "auto", tpu: str | None = None, model_axis: int = 2) -> Distribution:
@@ -113,7 +124,7 @@ def choose(kind: str = "auto", tpu: str | None = None, model_axis: int = 2) -> D
     if kind == "auto":
         kind = _auto(backend, tpu)
     if kind == "none":
-        return Distribution("none", 1, contextlib.nullcontext())
+        return Distribution("none", 1)
     if backend == "tensorflow":
         return _tensorflow(kind, tpu)
     if backend == "jax":

@@ -168,13 +168,13 @@ def build_model(args, recipe, num_classes, distribution) -> keras.Model:
 def write_results(args, run_dir, model, names, num_classes, history, eval_batches, started,
                   fit_started) -> dict:
     model_path = os.path.join(run_dir, "model.keras")
+    (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
     result = {"epochs": len(history), "fit_seconds": round(time.time() - fit_started, 1),
               "model": model_path}
     if eval_batches is not None:
         scores = model.evaluate(eval_batches, return_dict=True, verbose=0)
         result.update(test_accuracy=round(scores["accuracy"], 4),
                       test_top5=round(scores["top5"], 4))
-    (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
     with open(os.path.join(run_dir, "labels.txt"), "w") as file:
         file.write("\n".join(names or map(str, range(num_classes))) + "\n")
     result["total_seconds"] = round(time.time() - started, 1)

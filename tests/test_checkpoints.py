@@ -25,10 +25,11 @@ def logits(model, x):
 def timm_vit(image_size=32, classes=7, gap=False, approximate=True, **kwargs):
     act = functools.partial(torch.nn.GELU, approximate="tanh" if approximate else "none")
     # fc_norm=False: the official gap model normalises before pooling.
+    options = {"global_pool": "avg" if gap else "token", "class_token": not gap,
+               "fc_norm": False, **kwargs}
     return timm.models.vision_transformer.VisionTransformer(
         img_size=image_size, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
-        num_classes=classes, act_layer=act, global_pool="avg" if gap else "token",
-        class_token=not gap, fc_norm=False, **kwargs).eval()
+        num_classes=classes, act_layer=act, **options).eval()
 
 
 def timm_forward(model, x, **kwargs):
@@ -270,6 +271,91 @@ def test_timm_state_dict_import_matches_timm(tmp_path):
     model = vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False, weights=path)
     np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
                                atol=1e-4)
+
+
+def timm_state(seed=0, **options):
+    reference = randomize_torch(timm_vit(approximate=False, **options), seed)
+    return reference, {k: v.numpy() for k, v in reference.state_dict().items()}
+
+
+def exact_tiny(**kwargs):
+    return vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False, **kwargs)
+
+
+# Each timm option that changes the computation, and what the refusal must name.
+TIMM_REFUSALS = {
+    "init_values": ({"init_values": 0.1}, r"'blocks\.0\.ls1\.gamma' belongs to LayerScale"),
+    "qk_norm": ({"qk_norm": True}, r"'blocks\.0\.attn\.q_norm\.weight' .*query/key norm"),
+    "pre_norm": ({"pre_norm": True}, r"'norm_pre\.weight' belongs to a LayerNorm before"),
+    "qkv_bias": ({"qkv_bias": False},
+                 r"'blocks\.0\.attn\.qkv\.bias' is missing .*expected shape \(96,\).*"
+                 "without biases"),
+    "reg_tokens": ({"reg_tokens": 4}, r"'reg_token' belongs to register tokens"),
+    "fc_norm": ({"global_pool": "avg", "fc_norm": True},
+                r"'fc_norm\.weight' belongs to a LayerNorm after pooling"),
+    "scale_mlp_norm": ({"scale_mlp_norm": True},
+                       r"'blocks\.0\.mlp\.norm\.weight' belongs to a LayerNorm inside"),
+}
+
+
+@pytest.mark.parametrize("option", TIMM_REFUSALS)
+def test_timm_options_the_model_lacks_are_refused_by_name(option):
+    kwargs, message = TIMM_REFUSALS[option]
+    _, state = timm_state(**kwargs)
+    model = exact_tiny()
+    before = [keras.ops.convert_to_numpy(v) for v in model.weights]
+    with pytest.raises(ValueError, match=message):
+        vk.load_pytorch_weights(model, state)
+    for old, variable in zip(before, model.weights, strict=True):  # nothing was assigned
+        np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(variable))
+
+
+def test_deit_distillation_token_is_refused():
+    reference = timm.models.deit.VisionTransformerDistilled(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
+        num_classes=7)
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    with pytest.raises(ValueError, match="'dist_token' belongs to DeiT's distillation token"):
+        vk.load_pytorch_weights(exact_tiny(), state)
+
+
+def test_timm_position_embedding_without_class_row_matches_timm():
+    # no_embed_class (DeiT III's layout): the class token gets no position embedding.
+    reference, state = timm_state(no_embed_class=True)
+    assert state["pos_embed"].shape == (1, 16, 32)
+    model = exact_tiny()
+    vk.load_pytorch_weights(model, state)
+    np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
+                               atol=1e-4)
+
+
+def test_unknown_keys_are_refused_and_harmless_ones_reported():
+    _, state = timm_state()
+    model = exact_tiny()
+    with pytest.raises(ValueError, match=r"keys \['blocks\.0\.extra\.weight'\] of the timm "
+                                         "state dict are not part of the paper's ViT"):
+        vk.load_pytorch_weights(model, {**state, "blocks.0.extra.weight": np.zeros(3)})
+    report = vk.load_pytorch_weights(model, {**state, "bn.num_batches_tracked": np.zeros(())})
+    assert report.unused == ["bn.num_batches_tracked"]
+
+
+def test_missing_timm_key_is_a_value_error_naming_it():
+    _, state = timm_state()
+    del state["blocks.1.norm2.bias"]
+    with pytest.raises(ValueError, match=r"key 'blocks\.1\.norm2\.bias' is missing from the "
+                                         r"timm state dict \(expected shape \(32,\)\)"):
+        vk.load_pytorch_weights(exact_tiny(), state)
+
+
+def test_hugging_face_dinov2_layer_scale_is_refused():
+    from transformers import Dinov2Config, Dinov2Model
+
+    reference = Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, mlp_ratio=2, image_size=32,
+                                         patch_size=8))
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    with pytest.raises(ValueError, match=r"layer_scale1\.lambda1' belongs to LayerScale"):
+        vk.load_pytorch_weights(exact_tiny(), state)
 
 
 def hf_config(**kwargs):

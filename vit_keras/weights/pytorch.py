@@ -1,21 +1,96 @@
 """PyTorch ViT weights in: timm `vit_*` and Hugging Face `ViTModel` / `ViTForImageClassification`.
 
 Both are rewritten into the canonical (pre-Linen .npz) names, transposing kernels, and then
-loaded by vit_keras.weights.assign.load_params. Build the model with approximate_gelu=False
-for them: they were trained (or converted to run) with the exact erf GELU.
+loaded by vit_keras.weights.assign.load_params. Reading is strict: every key of the state dict
+is used or reported, a key of a feature the model cannot represent (LayerScale, register
+tokens, ...) is refused by name, and a missing key is a ValueError naming it. Build the model
+with approximate_gelu=False for these files: they were trained (or converted to run) with the
+exact erf GELU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
 import keras
 import numpy as np
 
-from vit_keras.weights.assign import LoadReport, load_params, model_variables
+from vit_keras import configs
+from vit_keras.weights.assign import POSEMB_KEY, LoadReport, load_params, model_variables
 
 TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+
+# Keys of features outside the paper's model, by layout: (pattern, what the feature is).
+UNREPRESENTABLE = {
+    "timm": (
+        (r"blocks\.\d+\.ls[12]\.gamma$", "LayerScale (timm init_values; DeiT III, DINOv2)"),
+        (r"blocks\.\d+\.attn\.[qk]_norm\.", "query/key normalisation (timm qk_norm=True)"),
+        (r"^norm_pre\.", "a LayerNorm before the encoder (timm pre_norm=True; CLIP)"),
+        (r"^reg_token$", "register tokens (timm reg_tokens; DINOv2 with registers)"),
+        (r"^fc_norm\.", "a LayerNorm after pooling (timm fc_norm; MAE, BEiT fine-tuned)"),
+        (r"^(dist_token|head_dist\.)", "DeiT's distillation token"),
+        (r"blocks\.\d+\.(attn|mlp)\.norm\.", "a LayerNorm inside attention or the MLP "
+                                             "(timm scale_attn_norm / scale_mlp_norm)"),
+        (r"blocks\.\d+\.mlp\.(fc1_[gx]|w12|w3)\.", "a gated (SwiGLU) MLP"),
+        (r"^attn_pool\.", "attention pooling (timm global_pool='map')"),
+    ),
+    "huggingface": (
+        (r"layer_scale\d\.lambda1$", "LayerScale (DINOv2)"),
+        (r"embeddings\.register_tokens$", "register tokens (DINOv2 with registers)"),
+        (r"distillation_(token|classifier)", "DeiT's distillation token"),
+        (r"mlp\.weights_(in|out)\.", "a gated (SwiGLU) MLP"),
+    ),
+}
+# Keys that change nothing the model computes: listed in the report's unused keys.
+HARMLESS = (r"num_batches_tracked$", r"(^|\.)mask_token$")
+# Keys that are absent when the checkpoint was trained without a part the model has.
+MISSING_MEANS = (
+    (r"attn\.qkv\.bias$|attention\.attention\.(query|key|value)\.bias$",
+     "attention projections without biases (timm qkv_bias=False)"),
+    (r"^patch_embed\.proj\.bias$", "a patch embedding without bias (timm pre_norm=True; CLIP)"),
+    (r"^norm\.(weight|bias)$", "no final LayerNorm before the head (timm fc_norm)"),
+)
+
+
+@dataclasses.dataclass
+class StateDict:
+    """A state dict read key by key, remembering which keys were used."""
+
+    arrays: dict[str, np.ndarray]
+    source: str
+    layout: str
+    used: set[str] = dataclasses.field(default_factory=set)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.arrays
+
+    def take(self, key: str) -> np.ndarray:
+        if key not in self.arrays:
+            raise ValueError(f"{self.source}: key {key!r} is missing from the {self.layout}"
+                             f"{self._missing_hint(key)}")
+        self.used.add(key)
+        return self.arrays[key]
+
+    def pair(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.take(name + ".weight"), self.take(name + ".bias")
+
+    def optional(self, key: str) -> np.ndarray | None:
+        return self.take(key) if key in self.arrays else None
+
+    def leftover(self) -> list[str]:
+        return sorted(set(self.arrays) - self.used)
+
+    def _missing_hint(self, key: str) -> str:
+        hint = ""
+        weight = key[:-len("bias")] + "weight" if key.endswith(".bias") else None
+        if weight in self.arrays:
+            hint = f" (expected shape ({self.arrays[weight].shape[0]},))"
+        meaning = next((text for pattern, text in MISSING_MEANS if re.search(pattern, key)), None)
+        if meaning:
+            hint += f"; a checkpoint with {meaning} is not the paper's model"
+        return hint
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
@@ -30,6 +105,16 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     state = torch.load(path, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state.get("model", state))
     return {k: v.float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
+
+
+def refuse_unrepresentable(state: StateDict, kind: str) -> None:
+    """A ValueError naming the first key of a feature the paper's model does not have."""
+    for key in state.arrays:
+        for pattern, feature in UNREPRESENTABLE[kind]:
+            if re.search(pattern, key):
+                raise ValueError(f"{state.source}: key {key!r} belongs to {feature}, which "
+                                 "vit_keras' model does not have; refusing to load a "
+                                 "different model")
 
 
 def _heads_kernel(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -53,10 +138,6 @@ def _block(prefix, norm1, qkv, proj, norm2, fc1, fc2, num_heads):
     return out
 
 
-def _pair(state, name):
-    return state[name + ".weight"], state[name + ".bias"]
-
-
 def _common(cls, posemb, patch_weight, patch_bias, norm):
     params = {"embedding/kernel": patch_weight.transpose(2, 3, 1, 0), "embedding/bias": patch_bias,
               "Transformer/posembed_input/pos_embedding": posemb,
@@ -66,22 +147,25 @@ def _common(cls, posemb, patch_weight, patch_bias, norm):
     return params
 
 
-def from_timm(state: dict[str, np.ndarray], num_heads: int) -> dict[str, np.ndarray]:
-    if "fc_norm.weight" in state:
-        raise ValueError("timm model with fc_norm (LayerNorm after pooling) is not the paper's "
-                         "architecture; vit_keras normalises before pooling")
-    params = _common(state.get("cls_token"), state["pos_embed"], *_pair(state, "patch_embed.proj"),
-                     _pair(state, "norm"))
-    depth = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
-    for i in range(depth):
+def _depth(state: StateDict, prefix: str) -> int:
+    """The number of blocks, numbered after `prefix` ("blocks." -> blocks.0., blocks.1., ...)."""
+    block = re.compile(re.escape(prefix) + r"(\d+)\.")
+    return len({m.group(1) for k in state.arrays if (m := block.match(k))})
+
+
+def from_timm(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
+    params = _common(state.optional("cls_token"), state.take("pos_embed"),
+                     *state.pair("patch_embed.proj"), state.pair("norm"))
+    for i in range(_depth(state, "blocks.")):
         b = f"blocks.{i}."
-        qkv_w, qkv_b = _pair(state, b + "attn.qkv")
+        qkv_w, qkv_b = state.pair(b + "attn.qkv")
         qkv = list(zip(np.split(qkv_w, 3), np.split(qkv_b, 3), strict=True))
-        params.update(_block(f"Transformer/encoderblock_{i}/", _pair(state, b + "norm1"), qkv,
-                             _pair(state, b + "attn.proj"), _pair(state, b + "norm2"),
-                             _pair(state, b + "mlp.fc1"), _pair(state, b + "mlp.fc2"), num_heads))
+        params.update(_block(f"Transformer/encoderblock_{i}/", state.pair(b + "norm1"), qkv,
+                             state.pair(b + "attn.proj"), state.pair(b + "norm2"),
+                             state.pair(b + "mlp.fc1"), state.pair(b + "mlp.fc2"), num_heads))
     if "head.weight" in state:
-        params["head/kernel"], params["head/bias"] = state["head.weight"].T, state["head.bias"]
+        weight, bias = state.pair("head")
+        params["head/kernel"], params["head/bias"] = weight.T, bias
     return params
 
 
@@ -104,29 +188,32 @@ def _hub_name(key: str) -> str:
     return f"encoder.layer.{index}.{rest}"
 
 
-def from_huggingface(state: dict[str, np.ndarray], num_heads: int) -> dict[str, np.ndarray]:
-    prefix = "vit." if any(k.startswith("vit.") for k in state) else ""
-    state = {_hub_name(k[len(prefix):] if k.startswith(prefix) else k): v
-             for k, v in state.items()}
-    params = _common(state.get("embeddings.cls_token"), state["embeddings.position_embeddings"],
-                     *_pair(state, "embeddings.patch_embeddings.projection"),
-                     _pair(state, "layernorm"))
-    depth = len({k.split(".")[2] for k in state if k.startswith("encoder.layer.")})
-    for i in range(depth):
+def from_huggingface(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
+    params = _common(state.optional("embeddings.cls_token"),
+                     state.take("embeddings.position_embeddings"),
+                     *state.pair("embeddings.patch_embeddings.projection"),
+                     state.pair("layernorm"))
+    for i in range(_depth(state, "encoder.layer.")):
         b = f"encoder.layer.{i}."
-        qkv = [_pair(state, b + f"attention.attention.{n}") for n in ("query", "key", "value")]
-        params.update(_block(f"Transformer/encoderblock_{i}/", _pair(state, b + "layernorm_before"),
-                             qkv, _pair(state, b + "attention.output.dense"),
-                             _pair(state, b + "layernorm_after"),
-                             _pair(state, b + "intermediate.dense"),
-                             _pair(state, b + "output.dense"), num_heads))
+        qkv = [state.pair(b + f"attention.attention.{n}") for n in ("query", "key", "value")]
+        params.update(_block(f"Transformer/encoderblock_{i}/", state.pair(b + "layernorm_before"),
+                             qkv, state.pair(b + "attention.output.dense"),
+                             state.pair(b + "layernorm_after"),
+                             state.pair(b + "intermediate.dense"),
+                             state.pair(b + "output.dense"), num_heads))
     if "pooler.dense.weight" in state:  # ViTModel's pooler is the paper's tanh pre_logits
-        params["pre_logits/kernel"] = state["pooler.dense.weight"].T
-        params["pre_logits/bias"] = state["pooler.dense.bias"]
+        weight, bias = state.pair("pooler.dense")
+        params["pre_logits/kernel"], params["pre_logits/bias"] = weight.T, bias
     if "classifier.weight" in state:
-        params["head/kernel"] = state["classifier.weight"].T
-        params["head/bias"] = state["classifier.bias"]
+        weight, bias = state.pair("classifier")
+        params["head/kernel"], params["head/bias"] = weight.T, bias
     return params
+
+
+def _huggingface_names(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hub names without the task model's `vit.` prefix."""
+    prefix = "vit." if any(k.startswith("vit.") for k in arrays) else ""
+    return {_hub_name(k.removeprefix(prefix)): v for k, v in arrays.items()}
 
 
 def _num_heads(model: keras.Model) -> int:
@@ -135,17 +222,42 @@ def _num_heads(model: keras.Model) -> int:
     return model_variables(model)[query].shape[1]
 
 
+def _posemb_is_grid_only(posemb: np.ndarray, has_cls: bool, model: keras.Model) -> bool:
+    """timm's no_embed_class (DeiT III and others): a class token, but a position embedding
+    of the patch grid only. A square grid tells them apart; else the model's own grid does."""
+    rows = posemb.shape[1]
+    grid = model.get_layer(configs.POSITION_EMBEDDING).grid_size
+
+    def is_grid(n):
+        return n == grid[0] * grid[1] or int(round(n**0.5)) ** 2 == n
+
+    return has_cls and is_grid(rows) and not is_grid(rows - 1)
+
+
 def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
     """Loads a timm or Hugging Face ViT state dict (a path or a dict of arrays) into `model`."""
     name = os.fspath(source) if isinstance(source, str | os.PathLike) else "state dict"
-    state = read_state_dict(source) if isinstance(source, str | os.PathLike) else {
+    arrays = read_state_dict(source) if isinstance(source, str | os.PathLike) else {
         k: np.asarray(v) for k, v in source.items()}
-    heads = _num_heads(model)
-    if "patch_embed.proj.weight" in state:
-        params, layout = from_timm(state, heads), "timm state dict"
-    elif any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in state):
-        params, layout = from_huggingface(state, heads), "Hugging Face ViT state dict"
+    if "patch_embed.proj.weight" in arrays:
+        kind, convert = "timm", from_timm
+        state = StateDict(arrays, name, "timm state dict")
+    elif any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in arrays):
+        kind, convert = "huggingface", from_huggingface
+        state = StateDict(_huggingface_names(arrays), name, "Hugging Face ViT state dict")
     else:
         raise ValueError(f"{name}: neither a timm ViT (patch_embed.proj.weight) nor a Hugging "
                          "Face ViT (embeddings.patch_embeddings.projection.weight) state dict")
-    return load_params(model, params, name, layout, resample="bilinear")
+    refuse_unrepresentable(state, kind)
+    params = convert(state, _num_heads(model))
+    harmless = [k for k in state.leftover() if any(re.search(p, k) for p in HARMLESS)]
+    unknown = sorted(set(state.leftover()) - set(harmless))
+    if unknown:
+        raise ValueError(f"{name}: keys {unknown} of the {state.layout} are not part of the "
+                         "paper's ViT; refusing to load a different model")
+    grid_only = _posemb_is_grid_only(params[POSEMB_KEY],
+                                     "cls" in params, model)
+    report = load_params(model, params, name, state.layout, grid_only_posemb=grid_only,
+                         resample="bilinear")
+    report.unused += harmless
+    return report

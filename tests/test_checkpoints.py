@@ -1,5 +1,6 @@
 import functools
 import http.server
+import re
 import threading
 import warnings
 
@@ -284,12 +285,8 @@ def exact_tiny(**kwargs):
 
 # Each timm option that changes the computation, and what the refusal must name.
 TIMM_REFUSALS = {
-    "init_values": ({"init_values": 0.1}, r"'blocks\.0\.ls1\.gamma' belongs to LayerScale"),
     "qk_norm": ({"qk_norm": True}, r"'blocks\.0\.attn\.q_norm\.weight' .*query/key norm"),
     "pre_norm": ({"pre_norm": True}, r"'norm_pre\.weight' belongs to a LayerNorm before"),
-    "qkv_bias": ({"qkv_bias": False},
-                 r"'blocks\.0\.attn\.qkv\.bias' is missing .*expected shape \(96,\).*"
-                 "without biases"),
     "reg_tokens": ({"reg_tokens": 4}, r"'reg_token' belongs to register tokens"),
     "fc_norm": ({"global_pool": "avg", "fc_norm": True},
                 r"'fc_norm\.weight' belongs to a LayerNorm after pooling"),
@@ -319,14 +316,54 @@ def test_deit_distillation_token_is_refused():
         vk.load_pytorch_weights(exact_tiny(), state)
 
 
-def test_timm_position_embedding_without_class_row_matches_timm():
-    # no_embed_class (DeiT III's layout): the class token gets no position embedding.
-    reference, state = timm_state(no_embed_class=True)
-    assert state["pos_embed"].shape == (1, 16, 32)
-    model = exact_tiny()
-    vk.load_pytorch_weights(model, state)
+# timm options the model has a vk.vit() option for: (timm arguments, vk.vit arguments).
+TIMM_OPTIONS = {
+    "init_values": ({"init_values": 0.1}, {"layer_scale": 1.0}),
+    "qkv_bias": ({"qkv_bias": False}, {"qkv_bias": False}),
+    # no_embed_class (DeiT III's layout): the class token gets no position embedding
+    "no_embed_class": ({"no_embed_class": True}, {}),
+    "deit3": ({"init_values": 0.1, "no_embed_class": True}, {"layer_scale": 1.0}),
+}
+
+
+@pytest.mark.parametrize("option", TIMM_OPTIONS)
+def test_timm_options_load_with_the_matching_model_and_match_timm(option, tmp_path):
+    timm_options, vit_options = TIMM_OPTIONS[option]
+    reference, state = timm_state(**timm_options)
+    model = exact_tiny(**vit_options)
+    report = vk.load_pytorch_weights(model, state)
+    assert report.unused == [] and report.dropped == []
     np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
-                               atol=1e-4)
+                               atol=1e-5)
+    # the .npz and .keras files keep the option's weights
+    vk.save_npz(model, tmp_path / "m.npz")
+    again = vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False,
+                   weights=str(tmp_path / "m.npz"), **vit_options)
+    np.testing.assert_allclose(logits(again, images()), logits(model, images()), atol=1e-6)
+    model.save(tmp_path / "m.keras")
+    restored = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    np.testing.assert_allclose(logits(restored, images()), logits(model, images()), atol=1e-6)
+
+
+@pytest.mark.parametrize(("timm_options", "vit_options", "message"), [
+    ({"init_values": 0.1}, {}, "the checkpoint has LayerScale ('Transformer/encoderblock_0/"
+                               "LayerScale_0/scale'), the model has not; build it with "
+                               "layer_scale="),
+    ({}, {"layer_scale": 1.0}, "the model has LayerScale ('Transformer/encoderblock_0/"
+                               "LayerScale_0/scale'), the checkpoint has not; build it with "
+                               "layer_scale=None"),
+    ({"qkv_bias": False}, {}, "the model has query/key/value biases ('Transformer/"
+                              "encoderblock_0/MultiHeadDotProductAttention_1/query/bias'), "
+                              "the checkpoint has not; build it with qkv_bias=False"),
+    ({}, {"qkv_bias": False}, "the checkpoint has query/key/value biases ('Transformer/"
+                              "encoderblock_0/MultiHeadDotProductAttention_1/query/bias'), the "
+                              "model has not; build it with qkv_bias=True"),
+])
+def test_a_model_without_the_checkpoints_option_is_told_which_to_set(timm_options, vit_options,
+                                                                   message):
+    _, state = timm_state(**timm_options)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        vk.load_pytorch_weights(exact_tiny(**vit_options), state)
 
 
 def test_unknown_keys_are_refused_and_harmless_ones_reported():

@@ -16,8 +16,9 @@ from vit_keras import kernels
 from vit_keras.configs import as_pair
 from vit_keras.position_embeddings import AddPositionEmbedding
 
-__all__ = ["AddPositionEmbedding", "ClassToken", "MlpBlock", "MultiHeadDotProductAttention",
-           "PatchEmbedding", "TokenPooling", "TransformerBlock", "layer_norm"]
+__all__ = ["AddPositionEmbedding", "ClassToken", "LayerScale", "MlpBlock",
+           "MultiHeadDotProductAttention", "PatchEmbedding", "TokenPooling", "TransformerBlock",
+           "layer_norm"]
 
 LAYER_NORM_EPSILON = 1e-6  # Flax's default; Keras' 1e-3 breaks parity with the checkpoints.
 
@@ -143,16 +144,19 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     query / key / value are EinsumDense layers with kernels (D, heads, D_h) and biases
     (heads, D_h), out has kernel (heads, D_h, D): the checkpoints' layout, and Keras layers
     that model.quantize and enable_lora reach. attention_kernel: how the attention itself is
-    computed (vit_keras.kernels.ATTENTION_KERNELS).
+    computed (vit_keras.kernels.ATTENTION_KERNELS). qkv_bias=False leaves out the biases of
+    query, key and value (timm's qkv_bias=False); out keeps its bias.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
 
     def __init__(self, num_heads: int, dropout_rate: float = 0.0,
-                 attention_kernel: str = "auto", sublayers: dict | None = None, **kwargs):
+                 attention_kernel: str = "auto", qkv_bias: bool = True,
+                 sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
+        self.qkv_bias = qkv_bias
         self.attention_kernel = kernels.check_attention_kernel(attention_kernel)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self._init_sublayers(sublayers)
@@ -173,7 +177,8 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 kernel_initializer=keras.initializers.RandomUniform(-limit, limit))
 
         self.query, self.key, self.value = (
-            projection("btd,dhk->bthk", (None, self.num_heads, head_dim), "hk", name)
+            projection("btd,dhk->bthk", (None, self.num_heads, head_dim),
+                       "hk" if self.qkv_bias else None, name)
             for name in ("query", "key", "value"))
         self.out = projection("bthk,hkd->btd", (None, width), "d", "out")
         for layer in (self.query, self.key, self.value):
@@ -195,7 +200,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads,
                 "dropout_rate": self.dropout_rate,
-                "attention_kernel": self.attention_kernel,
+                "attention_kernel": self.attention_kernel, "qkv_bias": self.qkv_bias,
                 "sublayers": self.sublayer_configs()}
 
 
@@ -247,6 +252,31 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
 
 
 @_register
+@no_quantization
+class LayerScale(keras.layers.Layer):
+    """x * gamma, a learned per-channel scale of a residual branch (Touvron et al., "Going
+    deeper with image transformers", 2021; DeiT III and DINOv2 use it), gamma starting at
+    init_value."""
+
+    def __init__(self, init_value: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = init_value
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(name="scale", shape=(input_shape[-1],),
+                                     initializer=keras.initializers.Constant(self.init_value))
+
+    def call(self, x):
+        return x * ops.cast(self.scale, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "init_value": self.init_value}
+
+
+@_register
 class TransformerBlock(keras.layers.Layer):
     """One pre-norm encoder block of the paper:
 
@@ -261,13 +291,15 @@ class TransformerBlock(keras.layers.Layer):
     pass (keras.remat), trading compute for activation memory. Stochastic depth draws its
     masks outside the recomputed part; dropout inside it would draw new ones, so remat
     requires dropout_rate and attention_dropout_rate 0.
+    layer_scale: LayerScale's initial value on both branches, z' = ls(MSA(LN(z))) + z; None
+    (the paper's block) for none. qkv_bias: see MultiHeadDotProductAttention.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
                  approximate_gelu: bool = True, attention_kernel: str = "auto",
-                 remat: bool = False, seed: int | None = None, sublayers: dict | None = None,
-                 **kwargs):
+                 remat: bool = False, seed: int | None = None, layer_scale: float | None = None,
+                 qkv_bias: bool = True, sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate):
             raise ValueError(
@@ -283,12 +315,16 @@ class TransformerBlock(keras.layers.Layer):
         self.approximate_gelu = approximate_gelu
         self.attention_kernel = attention_kernel
         self.seed = seed
+        self.layer_scale = layer_scale
+        self.qkv_bias = qkv_bias
         self.norm_0 = layer_norm("LayerNorm_0")
         sublayers = sublayers or {}
         self.attention = MultiHeadDotProductAttention(
-            num_heads, attention_dropout_rate, attention_kernel,
+            num_heads, attention_dropout_rate, attention_kernel, qkv_bias,
             sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
             name="MultiHeadDotProductAttention_1")
+        self.branch_scales = [LayerScale(layer_scale, name=f"LayerScale_{i}")
+                              for i in range(2)] if layer_scale is not None else []
         self.norm_2 = layer_norm("LayerNorm_2")
         self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu,
                             sublayers=sublayers.get("MlpBlock_3"), name="MlpBlock_3")
@@ -296,7 +332,7 @@ class TransformerBlock(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed) if drop_path_rate else None
 
     def build(self, input_shape):
-        for layer in (self.norm_0, self.attention, self.norm_2, self.mlp):
+        for layer in (self.norm_0, self.attention, self.norm_2, self.mlp, *self.branch_scales):
             layer.build(input_shape)
 
     def _drop_path_scale(self, x, training):
@@ -316,16 +352,18 @@ class TransformerBlock(keras.layers.Layer):
         return self._forward(x, scales, training, return_attention_scores, normed)
 
     def _forward(self, x, scales, training, return_attention_scores=False, normed=None):
-        def scaled(branch, scale):
-            return branch if scale is None else branch * scale
+        def residual(branch, index):
+            if self.branch_scales:
+                branch = self.branch_scales[index](branch)
+            return branch if scales[index] is None else branch * scales[index]
 
         normed = self.norm_0(x) if normed is None else normed
         y = self.attention(normed, training=training,
                            return_attention_scores=return_attention_scores)
         if return_attention_scores:
             y, scores = y
-        x = x + scaled(dropout_if_active(self.dropout, y, training), scales[0])
-        x = x + scaled(self.mlp(self.norm_2(x), training=training), scales[1])
+        x = x + residual(dropout_if_active(self.dropout, y, training), 0)
+        x = x + residual(self.mlp(self.norm_2(x), training=training), 1)
         return (x, scores) if return_attention_scores else x
 
     def compute_output_shape(self, input_shape):
@@ -338,7 +376,7 @@ class TransformerBlock(keras.layers.Layer):
                 "drop_path_rate": self.drop_path_rate,
                 "approximate_gelu": self.approximate_gelu,
                 "attention_kernel": self.attention_kernel, "remat": self.remat,
-                "seed": self.seed,
+                "seed": self.seed, "layer_scale": self.layer_scale, "qkv_bias": self.qkv_bias,
                 "sublayers": {"MultiHeadDotProductAttention_1": self.attention.sublayer_configs(),
                               "MlpBlock_3": self.mlp.sublayer_configs()}}
 

@@ -37,6 +37,8 @@ def vit(
     approximate_gelu: bool = True,
     attention_kernel: str = "auto",
     remat: bool = False,
+    layer_scale: float | None = None,
+    qkv_bias: bool = True,
     head_bias_init: float = 0.0,
     channels: int = 3,
     name: str | None = None,
@@ -56,6 +58,9 @@ def vit(
     remat: recompute each block in the backward pass instead of keeping its activations
     (layers.TransformerBlock), for models that do not fit otherwise.
     stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
+    layer_scale: LayerScale's initial value on every residual branch (DeiT III, DINOv2),
+    None for the paper's blocks. qkv_bias=False: query, key and value without biases. Both
+    are for weight families after the paper (docs/weights.md).
     weights: a local .npz / .keras / .weights.h5 / PyTorch file, or a pre-trained name such
     as "augreg_in21k" (vit_keras.weights.pretrained), downloaded once into the Keras cache.
     """
@@ -66,8 +71,10 @@ def vit(
                      stochastic_depth_rate=stochastic_depth_rate)
     height, width = as_pair(image_size, "image_size")
     inputs = keras.Input((height, width, channels), name="images")
+    block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
+                     "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias}
     x = _encoder(inputs, config, classifier, posemb, dropout_rate, attention_dropout_rate,
-                 stochastic_depth_rate, approximate_gelu, attention_kernel, remat)
+                 stochastic_depth_rate, block_options)
     x = TokenPooling(classifier, dtype="float32", name="pool")(x)
     if representation_size:
         x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
@@ -84,9 +91,9 @@ def vit(
 
 
 def _encoder(images, config: ViTConfig, classifier, posemb, dropout_rate,
-             attention_dropout_rate, stochastic_depth_rate, approximate_gelu, attention_kernel,
-             remat):
-    """Images -> the encoder's normalised tokens (batch, tokens, D)."""
+             attention_dropout_rate, stochastic_depth_rate, block_options: dict):
+    """Images -> the encoder's normalised tokens (batch, tokens, D); block_options are the
+    TransformerBlock arguments every block shares."""
     x = images
     if config.is_hybrid:
         x = resnet_stem(x, config.resnet_layers, config.resnet_width)
@@ -104,8 +111,7 @@ def _encoder(images, config: ViTConfig, classifier, posemb, dropout_rate,
             config.num_heads, config.mlp_dim, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate,
             drop_path_rate=stochastic_depth_rate * i / max(depth - 1, 1),
-            approximate_gelu=approximate_gelu, attention_kernel=attention_kernel, remat=remat,
-            name=configs.block_name(i),
+            name=configs.block_name(i), **block_options,
         )(x)
     return layer_norm(configs.ENCODER_NORM)(x)
 

@@ -20,6 +20,14 @@ from vit_keras.weights.resample import adapt_posemb
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 HEAD_KEYS = ("head/kernel", "head/bias")
 BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/")
+# Parts that only some models have, by vk.vit() option: (key pattern, what the part is, the
+# option that gives a model the part, the option that leaves it out).
+MODEL_OPTIONS = (
+    (re.compile(r"/LayerScale_\d/scale$"), "LayerScale", "layer_scale=<any float>",
+     "layer_scale=None"),
+    (re.compile(r"MultiHeadDotProductAttention_1/(query|key|value)/bias$"),
+     "query/key/value biases", "qkv_bias=True", "qkv_bias=False"),
+)
 
 
 @dataclasses.dataclass
@@ -74,6 +82,20 @@ def merged_kernels(model: keras.Model) -> dict[str, object]:
             if getattr(layer, "lora_enabled", False)}
 
 
+def _check_options(targets, params, source) -> None:
+    """A ValueError naming the vk.vit() option when model and checkpoint differ in a part
+    that only some models have (loading without it would compute something else)."""
+    for pattern, part, with_part, without_part in MODEL_OPTIONS:
+        in_model = [k for k in targets if pattern.search(k)]
+        in_checkpoint = [k for k in params if pattern.search(k)]
+        if in_checkpoint and not in_model:
+            raise ValueError(f"{source}: the checkpoint has {part} ({in_checkpoint[0]!r}), the "
+                             f"model has not; build it with {with_part}")
+        if in_model and not in_checkpoint:
+            raise ValueError(f"{source}: the model has {part} ({in_model[0]!r}), the "
+                             f"checkpoint has not; build it with {without_part}")
+
+
 def _fit_posemb(model, value, ckpt_prefix, resample):
     layer = model.get_layer(configs.POSITION_EMBEDDING)
     return adapt_posemb(value, ckpt_prefix, layer.grid_size, layer.num_prefix_tokens, resample)
@@ -89,6 +111,7 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
     if model_blocks != ckpt_blocks:
         raise ValueError(f"{source}: checkpoint has {ckpt_blocks} encoder blocks, the model has "
                          f"{model_blocks}")
+    _check_options(targets, params, source)
     values = {}
     for key, variable in targets.items():
         expected = tuple(variable.shape)

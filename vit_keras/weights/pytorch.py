@@ -25,7 +25,6 @@ TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 # Keys of features outside the paper's model, by layout: (pattern, what the feature is).
 UNREPRESENTABLE = {
     "timm": (
-        (r"blocks\.\d+\.ls[12]\.gamma$", "LayerScale (timm init_values; DeiT III, DINOv2)"),
         (r"blocks\.\d+\.attn\.[qk]_norm\.", "query/key normalisation (timm qk_norm=True)"),
         (r"^norm_pre\.", "a LayerNorm before the encoder (timm pre_norm=True; CLIP)"),
         (r"^reg_token$", "register tokens (timm reg_tokens; DINOv2 with registers)"),
@@ -47,8 +46,6 @@ UNREPRESENTABLE = {
 HARMLESS = (r"num_batches_tracked$", r"(^|\.)mask_token$")
 # Keys that are absent when the checkpoint was trained without a part the model has.
 MISSING_MEANS = (
-    (r"attn\.qkv\.bias$|attention\.attention\.(query|key|value)\.bias$",
-     "attention projections without biases (timm qkv_bias=False)"),
     (r"^patch_embed\.proj\.bias$", "a patch embedding without bias (timm pre_norm=True; CLIP)"),
     (r"^norm\.(weight|bias)$", "no final LayerNorm before the head (timm fc_norm)"),
 )
@@ -123,7 +120,7 @@ def _heads_kernel(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _block(prefix, norm1, qkv, proj, norm2, fc1, fc2, num_heads):
-    """One encoder block's canonical arrays; qkv is a list of three (weight, bias) pairs."""
+    """One encoder block's canonical arrays; qkv is a list of three (weight, bias or None)."""
     att = prefix + "MultiHeadDotProductAttention_1/"
     out = {prefix + "LayerNorm_0/scale": norm1[0], prefix + "LayerNorm_0/bias": norm1[1],
            prefix + "LayerNorm_2/scale": norm2[0], prefix + "LayerNorm_2/bias": norm2[1],
@@ -134,7 +131,8 @@ def _block(prefix, norm1, qkv, proj, norm2, fc1, fc2, num_heads):
         out[f"{prefix}MlpBlock_3/Dense_{i}/bias"] = bias
     for name, (weight, bias) in zip(("query", "key", "value"), qkv, strict=True):
         out[att + name + "/kernel"] = _heads_kernel(weight, num_heads)
-        out[att + name + "/bias"] = bias.reshape(num_heads, -1)
+        if bias is not None:
+            out[att + name + "/bias"] = bias.reshape(num_heads, -1)
     return out
 
 
@@ -157,12 +155,16 @@ def from_timm(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
     params = _common(state.optional("cls_token"), state.take("pos_embed"),
                      *state.pair("patch_embed.proj"), state.pair("norm"))
     for i in range(_depth(state, "blocks.")):
-        b = f"blocks.{i}."
-        qkv_w, qkv_b = state.pair(b + "attn.qkv")
-        qkv = list(zip(np.split(qkv_w, 3), np.split(qkv_b, 3), strict=True))
-        params.update(_block(f"Transformer/encoderblock_{i}/", state.pair(b + "norm1"), qkv,
+        b, canonical = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        qkv_bias = state.optional(b + "attn.qkv.bias")  # absent: timm's qkv_bias=False
+        qkv = list(zip(np.split(state.take(b + "attn.qkv.weight"), 3),
+                       [None] * 3 if qkv_bias is None else np.split(qkv_bias, 3), strict=True))
+        params.update(_block(canonical, state.pair(b + "norm1"), qkv,
                              state.pair(b + "attn.proj"), state.pair(b + "norm2"),
                              state.pair(b + "mlp.fc1"), state.pair(b + "mlp.fc2"), num_heads))
+        for j in range(2):  # LayerScale (timm's init_values)
+            if f"{b}ls{j + 1}.gamma" in state:
+                params[f"{canonical}LayerScale_{j}/scale"] = state.take(f"{b}ls{j + 1}.gamma")
     if "head.weight" in state:
         weight, bias = state.pair("head")
         params["head/kernel"], params["head/bias"] = weight.T, bias

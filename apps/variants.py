@@ -27,12 +27,15 @@ def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
 
 
 def pretrained_table() -> str:
-    rows = ["| name | variants | resolution | classes | trained on |", "|---|---|---|---|---|"]
+    rows = ["| name | variants | resolution | classes | trained on | vk.vit options | licence |",
+            "|---|---|---|---|---|---|---|"]
     for name in pretrained.names():
-        entries = pretrained.PRETRAINED[name]
-        first = next(iter(entries.values()))
-        rows.append(f"| `{name}` | {', '.join(entries)} | {first.resolution} | "
-                    f"{first.num_classes} | {pretrained.DESCRIPTIONS[name]} |")
+        release = pretrained.PRETRAINED[name]
+        first = next(iter(release.checkpoints.values()))
+        options = ", ".join(f"`{k}={v!r}`" for k, v in release.options.items()) or "-"
+        rows.append(f"| `{name}` | {', '.join(release.checkpoints)} | {first.resolution} | "
+                    f"{first.num_classes or 'no head'} | {release.description} | {options} | "
+                    f"{release.licence} |")
     return "\n".join(rows)
 
 

@@ -81,6 +81,31 @@ def export_block() -> str:
     return text
 
 
+def parity_block() -> str:
+    report = _json("weights/parity.json")
+    backends = list(report["backends"])
+    first = report["backends"][backends[0]]
+    rows = ["| name | timm architecture (shrunk to width 32, depth 2) | "
+            + " | ".join(backends) + " |", "|---|---|" + "---|" * len(backends)]
+    for name, result in first.items():
+        diffs = " | ".join(f"{report['backends'][b][name]['max_abs_diff']:.1e}" for b in backends)
+        rows.append(f"| `{name}` | `{result['architecture']}` | {diffs} |")
+    return ("The largest |vit_keras - timm| on two random images, from "
+            "`python -m benchmarks.parity --json docs/weights/parity.json`:\n\n"
+            + "\n".join(rows))
+
+
+def finetune_memory_block() -> str:
+    rows = ["| backend | variant, batch | setting | trainable parameters | model MiB | "
+            "peak MiB | added by training MiB |", "|---|---|---|---|---|---|---|"]
+    for report in _reports("finetune"):
+        for r in report:
+            rows.append(f"| {r['backend']} | {r['variant']}, {r['batch']} | {r['setting']} | "
+                        f"{r['trainable_parameters']:,} | {r['model_mib']:,} | "
+                        f"{r['peak_mib']:,} | {r['peak_mib'] - r['model_mib']:,} |")
+    return "\n".join(rows)
+
+
 def bench_block(folder: str = "bench") -> str:
     return markdown(_reports(folder))
 
@@ -96,6 +121,7 @@ def bench_memory_block() -> str:
 
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
+          "parity": parity_block, "finetunememory": finetune_memory_block,
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
           "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),

@@ -59,6 +59,27 @@ def checkpoint_params(model):
     return params
 
 
+def write_release_file(root, name: str, variant: str):
+    """A random checkpoint in the layout of the named release's file, where the registry
+    expects it under `root`: Google's .npz, or timm's safetensors made by timm itself.
+    Returns the path and, for timm files, the timm model that wrote it."""
+    from safetensors.torch import save_file
+
+    import vit_keras as vk
+    from vit_keras.weights import pretrained
+
+    entry = pretrained.checkpoint(variant, name)
+    path = root / entry.path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if entry.path.endswith(".npz"):
+        vk.save_npz(vk.vit(variant, num_classes=entry.num_classes), path)
+        return path, None
+    architecture = entry.path.split("/resolve/")[0].removeprefix("timm/")
+    reference = timm.create_model(architecture).eval()
+    save_file(reference.state_dict(), path)
+    return path, reference
+
+
 def images(batch=2, height=32, width=32, seed=1):
     rng = np.random.default_rng(seed)
     return rng.uniform(-1, 1, (batch, height, width, 3)).astype("float32")

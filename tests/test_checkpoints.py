@@ -13,7 +13,7 @@ import torch
 
 import vit_keras as vk
 from tests import numpy_vit, official_layout
-from tests.conftest import TINY, images, randomize
+from tests.conftest import TINY, images, randomize, write_release_file
 from vit_keras.weights import npz, pretrained, resample
 
 POSEMB = "Transformer/posembed_input/pos_embedding"
@@ -307,6 +307,21 @@ def test_timm_options_the_model_lacks_are_refused_by_name(option):
         np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(variable))
 
 
+def test_original_mae_and_dinov2_files_load(tmp_path):
+    # MAE's released .pth wraps the timm-layout encoder in {"model": ...}; DINOv2's hub file
+    # is the timm layout plus the unused masked-image-modelling mask_token.
+    reference, state = timm_state(init_values=0.1)
+    tensors = {k: torch.from_numpy(v) for k, v in state.items()}
+    torch.save({"model": tensors, "epoch": 799}, tmp_path / "mae_pretrain.pth")
+    torch.save({**tensors, "mask_token": torch.zeros(1, 32)}, tmp_path / "dinov2_pretrain.pth")
+    for name, unused in (("mae_pretrain.pth", []), ("dinov2_pretrain.pth", ["mask_token"])):
+        model = exact_tiny(layer_scale=1.0)
+        report = vk.load_pytorch_weights(model, str(tmp_path / name))
+        assert report.unused == unused
+        np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
+                                   atol=1e-5)
+
+
 def test_deit_distillation_token_is_refused():
     reference = timm.models.deit.VisionTransformerDistilled(
         img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
@@ -370,7 +385,7 @@ def test_unknown_keys_are_refused_and_harmless_ones_reported():
     _, state = timm_state()
     model = exact_tiny()
     with pytest.raises(ValueError, match=r"keys \['blocks\.0\.extra\.weight'\] of the timm "
-                                         "state dict are not part of the paper's ViT"):
+                                         "state dict are not part of any model vit_keras builds"):
         vk.load_pytorch_weights(model, {**state, "blocks.0.extra.weight": np.zeros(3)})
     report = vk.load_pytorch_weights(model, {**state, "bn.num_batches_tracked": np.zeros(())})
     assert report.unused == ["bn.num_batches_tracked"]
@@ -476,6 +491,36 @@ def test_named_checkpoint_is_fetched_once_from_its_address(weights_server):
     np.testing.assert_allclose(logits(first, x), logits(source, x), atol=1e-4)
     np.testing.assert_allclose(logits(second, x), logits(source, x), atol=1e-4)
     assert requests == ["/" + entry.path]  # the second build read the cache
+
+
+@pytest.mark.parametrize(("name", "variant"), [("deit3_in1k", "S/16"), ("dino", "S/16")])
+def test_later_families_load_by_name_from_timm_files_with_their_options(weights_server, name,
+                                                                         variant):
+    root, requests = weights_server
+    _, reference = write_release_file(root, name, variant)
+    release = pretrained.PRETRAINED[name]
+    model = vk.vit(variant, weights=name, **release.options)
+    x = images(batch=1, height=224, width=224)
+    np.testing.assert_allclose(logits(model, x), timm_forward(reference, x), atol=1e-4)
+    assert requests == ["/" + pretrained.checkpoint(variant, name).path]
+
+
+def test_a_family_loaded_without_its_options_names_them(weights_server):
+    root, _ = weights_server
+    write_release_file(root, "deit3_in1k", "S/16")
+    with pytest.raises(ValueError, match="the checkpoint has LayerScale .* build it with "
+                                         "layer_scale="):
+        vk.vit("S/16", weights="deit3_in1k")
+
+
+def test_timm_family_names_point_at_timms_hub_files(monkeypatch):
+    monkeypatch.delenv("VIT_KERAS_WEIGHTS_URL", raising=False)
+    assert pretrained.url(pretrained.checkpoint("B/14", "dinov2")) == (
+        "https://huggingface.co/timm/vit_base_patch14_dinov2.lvd142m/resolve/main/"
+        "model.safetensors")
+    assert pretrained.url(pretrained.checkpoint("B/16", "deit_in1k")) == (
+        "https://huggingface.co/timm/deit_base_patch16_224.fb_in1k/resolve/main/"
+        "model.safetensors")
 
 
 def test_unknown_pretrained_names_and_variants_are_refused():

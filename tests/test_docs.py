@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-import vit_keras as vk
-from vit_keras.weights import pretrained
+from tests.conftest import write_release_file
 
 ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -74,9 +73,7 @@ def serve_pretrained(name: str, variant: str) -> dict:
     import tempfile
 
     root = Path(tempfile.mkdtemp())
-    entry = pretrained.checkpoint(variant, name)
-    (root / entry.path).parent.mkdir(parents=True)
-    vk.save_npz(vk.vit(variant, num_classes=entry.num_classes), root / entry.path)
+    write_release_file(root, name, variant)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()

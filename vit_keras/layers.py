@@ -30,10 +30,10 @@ def layer_norm(name: str) -> keras.layers.LayerNormalization:
 
 
 class SavesSublayers:
-    """For layers that make Keras sub-layers in build(): their configs (dtype policy, so an
-    int8 or float8 quantization, and LoRA rank included) go into get_config as "sublayers",
-    and a layer made from that config builds them from it, so a quantized or LoRA model saved
-    as .keras loads back as it was."""
+    """For layers that make Keras sub-layers in build(): their configs go into get_config as
+    "sublayers", and a layer made from that config builds them with what the saved configs
+    changed (the dtype policy of an int8 or float8 quantization, a LoRA rank) over the
+    layer's own arguments, so a quantized or LoRA model saved as .keras loads back as it was."""
 
     SUBLAYERS: tuple[str, ...] = ()
 
@@ -42,7 +42,7 @@ class SavesSublayers:
 
     def _sublayer(self, cls, name: str, **kwargs):
         saved = self._saved_sublayers.get(name)
-        return cls.from_config(saved) if saved else cls(name=name, **kwargs)
+        return cls.from_config({**saved, **kwargs}) if saved else cls(name=name, **kwargs)
 
     def sublayer_configs(self) -> dict:
         if not self.built:
@@ -143,9 +143,10 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
 
     query / key / value are EinsumDense layers with kernels (D, heads, D_h) and biases
     (heads, D_h), out has kernel (heads, D_h, D): the checkpoints' layout, and Keras layers
-    that model.quantize and enable_lora reach. attention_kernel: how the attention itself is
-    computed (vit_keras.kernels.ATTENTION_KERNELS). qkv_bias=False leaves out the biases of
-    query, key and value (timm's qkv_bias=False); out keeps its bias.
+    that model.quantize and enable_lora reach. Like MlpBlock's, they see the tokens as one
+    (batch * tokens, ...) matrix (docs/performance.md). attention_kernel: how the attention
+    itself is computed (vit_keras.kernels.ATTENTION_KERNELS). qkv_bias=False leaves out the
+    biases of query, key and value (timm's qkv_bias=False); out keeps its bias.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
@@ -165,7 +166,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         width = input_shape[-1]
         if width % self.num_heads:
             raise ValueError(f"num_heads {self.num_heads} does not divide hidden_size {width}")
-        head_dim = width // self.num_heads
+        head_dim = self.head_dim = width // self.num_heads
         # Xavier-uniform over the flattened (D, heads*D_h) matrices, as Flax's DenseGeneral:
         # fan_in + fan_out = 2D for all four kernels.
         limit = math.sqrt(3 / width)
@@ -177,21 +178,27 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 kernel_initializer=keras.initializers.RandomUniform(-limit, limit))
 
         self.query, self.key, self.value = (
-            projection("btd,dhk->bthk", (None, self.num_heads, head_dim),
+            projection("nd,dhk->nhk", (self.num_heads, head_dim),
                        "hk" if self.qkv_bias else None, name)
             for name in ("query", "key", "value"))
-        self.out = projection("bthk,hkd->btd", (None, width), "d", "out")
+        self.out = projection("nhk,hkd->nd", (width,), "d", "out")
         for layer in (self.query, self.key, self.value):
-            layer.build(input_shape)
-        self.out.build((*input_shape[:-1], self.num_heads, head_dim))
+            layer.build((None, width))
+        self.out.build((None, self.num_heads, head_dim))
 
     def call(self, x, training=None, return_attention_scores=False):
+        batch, tokens, width = ops.shape(x)
+        heads = (batch, tokens, self.num_heads, self.head_dim)
+        flat = ops.reshape(x, (-1, width))
+        query, key, value = (ops.reshape(layer(flat), heads)
+                             for layer in (self.query, self.key, self.value))
         active = bool(training) and self.dropout_rate > 0
         attended, probs = kernels.attention(
-            self.query(x), self.key(x), self.value(x), self.attention_kernel,
+            query, key, value, self.attention_kernel,
             dropout=self.dropout if active else None, training=training,
             return_probabilities=return_attention_scores)
-        out = self.out(attended)
+        attended = ops.reshape(attended, (-1, self.num_heads, self.head_dim))
+        out = ops.reshape(self.out(attended), (batch, tokens, width))
         return (out, probs) if return_attention_scores else out
 
     def compute_output_shape(self, input_shape):

@@ -1,7 +1,9 @@
-"""Official pre-trained checkpoints by name, fetched once into the Keras cache.
+"""Pre-trained checkpoints by name, fetched once into the Keras cache: one Release record per
+family, saying where its files are, under what licence, and the vk.vit() options they need.
 
-The files are Google's public vit_jax / AugReg releases. VIT_KERAS_WEIGHTS_URL replaces the
-base address (a mirror, or a local server in tests).
+Google's vit_jax / AugReg .npz files, and the later families (DeiT, DeiT III, DINO, MAE,
+DINOv2) as timm publishes them on the Hugging Face Hub. VIT_KERAS_WEIGHTS_URL replaces every
+base address (a mirror holding both trees, or a local server in tests).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import urllib.parse
 import keras
 
 BASE_URL = "https://storage.googleapis.com/vit_models/"
+HUB_URL = "https://huggingface.co/"
 _AUGREG = "augreg/{}-i21k-300ep-lr_0.001-aug_{}-{}"
 
 
@@ -20,7 +23,32 @@ _AUGREG = "augreg/{}-i21k-300ep-lr_0.001-aug_{}-{}"
 class Checkpoint:
     path: str  # relative to the base address
     resolution: int
-    num_classes: int
+    num_classes: int  # 0: the file has no head (build with include_top=False)
+    base: str = BASE_URL
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """A family of published checkpoints, one per variant."""
+
+    description: str
+    source: str
+    licence: str
+    checkpoints: dict[str, Checkpoint]
+    options: dict = dataclasses.field(default_factory=dict)  # the vk.vit() arguments they need
+    inputs: str = "[-1, 1] (vk.preprocess)"  # how the images were normalised in training
+
+
+def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000) -> Checkpoint:
+    """A timm file on the Hugging Face Hub, e.g. "timm/deit_base_patch16_224.fb_in1k"."""
+    return Checkpoint(f"{hub_id}/resolve/main/model.safetensors", resolution, num_classes,
+                      base=HUB_URL)
+
+
+_GOOGLE = "Google, vit_jax / AugReg releases (github.com/google-research/vision_transformer)"
+_META_TIMM = "Meta, as converted and published by timm on the Hugging Face Hub (timm/...)"
+_IMAGENET_STATS = "ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225)"
+_EXACT = {"approximate_gelu": False}
 
 
 def _original(variant: str) -> str:
@@ -35,49 +63,79 @@ def _augreg(model: str, aug_wd: str, finetune: str = "", do_sd: str = "do_0.0-sd
 
 _IN1K_224 = "--imagenet2012-steps_20k-lr_{}-res_224"
 
-# name -> {variant: checkpoint}; "what it was trained on" is in README's table.
-PRETRAINED: dict[str, dict[str, Checkpoint]] = {
-    # "How to train your ViT" (AugReg) recommended ImageNet-21k models (big_vision's list).
-    "augreg_in21k": {
-        "Ti/16": Checkpoint(_augreg("Ti_16", "none-wd_0.03"), 224, 21843),
-        "S/32": Checkpoint(_augreg("S_32", "none-wd_0.1"), 224, 21843),
-        "S/16": Checkpoint(_augreg("S_16", "light1-wd_0.03"), 224, 21843),
-        "B/32": Checkpoint(_augreg("B_32", "light1-wd_0.1"), 224, 21843),
-        "B/16": Checkpoint(_augreg("B_16", "medium1-wd_0.1"), 224, 21843),
-        "B/8": Checkpoint(_augreg("B_8", "medium2-wd_0.1"), 224, 21843),
-        "L/16": Checkpoint(_augreg("L_16", "strong1-wd_0.1"), 224, 21843),
-        "R+Ti/16": Checkpoint(_augreg("R_Ti_16", "none-wd_0.03"), 224, 21843),
-        "R26+S/32": Checkpoint(_augreg("R26_S_32", "light1-wd_0.1"), 224, 21843),
-        "R50+L/32": Checkpoint(_augreg("R50_L_32", "medium1-wd_0.1", do_sd="do_0.1-sd_0.1"), 224,
-                               21843),
-    },
+# The AugReg and paper releases' recipes are in README's table; the later families' in
+# docs/weights.md.
+PRETRAINED: dict[str, Release] = {
+    "augreg_in21k": Release(
+        "ImageNet-21k, AugReg recipe (Steiner et al. 2021), 300 epochs; the recommended "
+        "'How to train your ViT' models", _GOOGLE, "Apache-2.0", {
+            "Ti/16": Checkpoint(_augreg("Ti_16", "none-wd_0.03"), 224, 21843),
+            "S/32": Checkpoint(_augreg("S_32", "none-wd_0.1"), 224, 21843),
+            "S/16": Checkpoint(_augreg("S_16", "light1-wd_0.03"), 224, 21843),
+            "B/32": Checkpoint(_augreg("B_32", "light1-wd_0.1"), 224, 21843),
+            "B/16": Checkpoint(_augreg("B_16", "medium1-wd_0.1"), 224, 21843),
+            "B/8": Checkpoint(_augreg("B_8", "medium2-wd_0.1"), 224, 21843),
+            "L/16": Checkpoint(_augreg("L_16", "strong1-wd_0.1"), 224, 21843),
+            "R+Ti/16": Checkpoint(_augreg("R_Ti_16", "none-wd_0.03"), 224, 21843),
+            "R26+S/32": Checkpoint(_augreg("R26_S_32", "light1-wd_0.1"), 224, 21843),
+            "R50+L/32": Checkpoint(_augreg("R50_L_32", "medium1-wd_0.1",
+                                           do_sd="do_0.1-sd_0.1"), 224, 21843),
+        }),
     # The same pre-training, fine-tuned on ImageNet-1k at 224 (timm's augreg_in21k_ft_in1k).
-    "augreg_in21k_ft_in1k": {
-        "Ti/16": Checkpoint(_augreg("Ti_16", "none-wd_0.03", _IN1K_224.format("0.03")), 224, 1000),
-        "S/16": Checkpoint(_augreg("S_16", "light1-wd_0.03", _IN1K_224.format("0.03")), 224,
-                           1000),
-        "B/16": Checkpoint(_augreg("B_16", "medium1-wd_0.1", _IN1K_224.format("0.01")), 224,
-                           1000),
-    },
-    # The paper's original ImageNet-21k pre-training, with its representation layer.
-    "imagenet21k": {
-        v: Checkpoint(f"imagenet21k/{_original(v)}.npz", 224, 21843)
-        for v in ("B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")
-    },
-    # The paper's ImageNet-21k models fine-tuned on ImageNet-1k at 384 px.
-    "imagenet21k_ft_in1k": {
-        v: Checkpoint(f"imagenet21k+imagenet2012/{_original(v)}.npz", 384, 1000)
-        for v in ("B/16", "B/32", "L/16", "L/32", "R50+B/16")
-    },
-}
-
-
-DESCRIPTIONS = {
-    "augreg_in21k": "ImageNet-21k, AugReg recipe (Steiner et al. 2021), 300 epochs; "
-                    "the recommended 'How to train your ViT' models",
-    "augreg_in21k_ft_in1k": "augreg_in21k fine-tuned on ImageNet-1k, 20k steps",
-    "imagenet21k": "ImageNet-21k, the paper's original pre-training (with pre_logits)",
-    "imagenet21k_ft_in1k": "imagenet21k fine-tuned on ImageNet-1k (the paper's Table 2 models)",
+    "augreg_in21k_ft_in1k": Release(
+        "augreg_in21k fine-tuned on ImageNet-1k, 20k steps", _GOOGLE, "Apache-2.0", {
+            "Ti/16": Checkpoint(_augreg("Ti_16", "none-wd_0.03", _IN1K_224.format("0.03")), 224,
+                                1000),
+            "S/16": Checkpoint(_augreg("S_16", "light1-wd_0.03", _IN1K_224.format("0.03")), 224,
+                               1000),
+            "B/16": Checkpoint(_augreg("B_16", "medium1-wd_0.1", _IN1K_224.format("0.01")), 224,
+                               1000),
+        }),
+    "imagenet21k": Release(
+        "ImageNet-21k, the paper's original pre-training (with pre_logits)", _GOOGLE,
+        "Apache-2.0", {v: Checkpoint(f"imagenet21k/{_original(v)}.npz", 224, 21843)
+                       for v in ("B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")}),
+    "imagenet21k_ft_in1k": Release(
+        "imagenet21k fine-tuned on ImageNet-1k (the paper's Table 2 models)", _GOOGLE,
+        "Apache-2.0",
+        {v: Checkpoint(f"imagenet21k+imagenet2012/{_original(v)}.npz", 384, 1000)
+         for v in ("B/16", "B/32", "L/16", "L/32", "R50+B/16")}),
+    "deit_in1k": Release(
+        "DeiT (Touvron et al. 2021): ImageNet-1k only, the DeiT recipe without the "
+        "distillation token", _META_TIMM, "Apache-2.0",
+        {v: _timm(f"timm/deit_{size}_patch16_224.fb_in1k")
+         for v, size in (("Ti/16", "tiny"), ("S/16", "small"), ("B/16", "base"))},
+        _EXACT, _IMAGENET_STATS),
+    "deit3_in1k": Release(
+        "DeiT III (Touvron et al. 2022): ImageNet-1k, with LayerScale", _META_TIMM, "Apache-2.0",
+        {v: _timm(f"timm/deit3_{size}_patch16_224.fb_in1k")
+         for v, size in (("S/16", "small"), ("B/16", "base"), ("L/16", "large"))},
+        {**_EXACT, "layer_scale": 1e-6}, _IMAGENET_STATS),
+    "deit3_in21k_ft_in1k": Release(
+        "DeiT III: ImageNet-21k, fine-tuned on ImageNet-1k", _META_TIMM, "Apache-2.0",
+        {v: _timm(f"timm/deit3_{size}_patch16_224.fb_in22k_ft_in1k")
+         for v, size in (("S/16", "small"), ("B/16", "base"), ("L/16", "large"))},
+        {**_EXACT, "layer_scale": 1e-6}, _IMAGENET_STATS),
+    "dino": Release(
+        "DINO (Caron et al. 2021): self-supervised on ImageNet-1k, no head (features)",
+        _META_TIMM, "Apache-2.0",
+        {v: _timm(f"timm/vit_{size}_patch{patch}_224.dino", num_classes=0)
+         for v, size, patch in (("S/16", "small", 16), ("S/8", "small", 8),
+                                ("B/16", "base", 16), ("B/8", "base", 8))},
+        {**_EXACT, "include_top": False}, _IMAGENET_STATS),
+    "mae": Release(
+        "MAE (He et al. 2022): masked-autoencoder pre-training on ImageNet-1k, the encoder "
+        "without a head (features)", _META_TIMM, "CC-BY-NC-4.0 (non-commercial)",
+        {"B/16": _timm("timm/vit_base_patch16_224.mae", num_classes=0),
+         "L/16": _timm("timm/vit_large_patch16_224.mae", num_classes=0),
+         "H/14": _timm("timm/vit_huge_patch14_224.mae", num_classes=0)},
+        {**_EXACT, "include_top": False}, _IMAGENET_STATS),
+    "dinov2": Release(
+        "DINOv2 (Oquab et al. 2023): self-supervised on LVD-142M, with LayerScale, 518 px, no "
+        "head (features)", _META_TIMM, "Apache-2.0",
+        {v: _timm(f"timm/vit_{size}_patch14_dinov2.lvd142m", 518, 0)
+         for v, size in (("S/14", "small"), ("B/14", "base"), ("L/14", "large"))},
+        {**_EXACT, "layer_scale": 1e-5, "include_top": False}, _IMAGENET_STATS),
 }
 
 
@@ -90,7 +148,7 @@ def is_name(weights) -> bool:
 
 
 def checkpoint(variant, name: str) -> Checkpoint:
-    available = PRETRAINED[name]
+    available = PRETRAINED[name].checkpoints
     if variant not in available:
         raise ValueError(f"no {name!r} checkpoint for variant {variant!r}: it exists for "
                          f"{', '.join(available)}")
@@ -98,7 +156,7 @@ def checkpoint(variant, name: str) -> Checkpoint:
 
 
 def url(entry: Checkpoint) -> str:
-    base = os.environ.get("VIT_KERAS_WEIGHTS_URL", BASE_URL)
+    base = os.environ.get("VIT_KERAS_WEIGHTS_URL", entry.base)
     return base.rstrip("/") + "/" + urllib.parse.quote(entry.path)
 
 

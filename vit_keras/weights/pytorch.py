@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 
 import keras
 import numpy as np
@@ -22,26 +23,24 @@ from vit_keras.weights.assign import POSEMB_KEY, LoadReport, load_params, model_
 
 TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
-# Keys of features outside the paper's model, by layout: (pattern, what the feature is).
-UNREPRESENTABLE = {
-    "timm": (
-        (r"blocks\.\d+\.attn\.[qk]_norm\.", "query/key normalisation (timm qk_norm=True)"),
-        (r"^norm_pre\.", "a LayerNorm before the encoder (timm pre_norm=True; CLIP)"),
-        (r"^reg_token$", "register tokens (timm reg_tokens; DINOv2 with registers)"),
-        (r"^fc_norm\.", "a LayerNorm after pooling (timm fc_norm; MAE, BEiT fine-tuned)"),
-        (r"^(dist_token|head_dist\.)", "DeiT's distillation token"),
-        (r"blocks\.\d+\.(attn|mlp)\.norm\.", "a LayerNorm inside attention or the MLP "
-                                             "(timm scale_attn_norm / scale_mlp_norm)"),
-        (r"blocks\.\d+\.mlp\.(fc1_[gx]|w12|w3)\.", "a gated (SwiGLU) MLP"),
-        (r"^attn_pool\.", "attention pooling (timm global_pool='map')"),
-    ),
-    "huggingface": (
-        (r"layer_scale\d\.lambda1$", "LayerScale (DINOv2)"),
-        (r"embeddings\.register_tokens$", "register tokens (DINOv2 with registers)"),
-        (r"distillation_(token|classifier)", "DeiT's distillation token"),
-        (r"mlp\.weights_(in|out)\.", "a gated (SwiGLU) MLP"),
-    ),
-}
+# Keys of features vit_keras' model does not have, by layout: (pattern, what the feature is).
+TIMM_UNREPRESENTABLE = (
+    (r"blocks\.\d+\.attn\.[qk]_norm\.", "query/key normalisation (timm qk_norm=True)"),
+    (r"^norm_pre\.", "a LayerNorm before the encoder (timm pre_norm=True; CLIP)"),
+    (r"^reg_token$", "register tokens (timm reg_tokens; DINOv2 with registers)"),
+    (r"^fc_norm\.", "a LayerNorm after pooling (timm fc_norm; MAE, BEiT fine-tuned)"),
+    (r"^(dist_token|head_dist\.)", "DeiT's distillation token"),
+    (r"blocks\.\d+\.(attn|mlp)\.norm\.", "a LayerNorm inside attention or the MLP "
+                                         "(timm scale_attn_norm / scale_mlp_norm)"),
+    (r"blocks\.\d+\.mlp\.(fc1_[gx]|w12|w3)\.", "a gated (SwiGLU) MLP"),
+    (r"^attn_pool\.", "attention pooling (timm global_pool='map')"),
+)
+HUGGINGFACE_UNREPRESENTABLE = (
+    (r"layer_scale\d\.lambda1$", "LayerScale (DINOv2)"),
+    (r"embeddings\.register_tokens$", "register tokens (DINOv2 with registers)"),
+    (r"distillation_(token|classifier)", "DeiT's distillation token"),
+    (r"mlp\.weights_(in|out)\.", "a gated (SwiGLU) MLP"),
+)
 # Keys that change nothing the model computes: listed in the report's unused keys.
 HARMLESS = (r"num_batches_tracked$", r"(^|\.)mask_token$")
 # Keys that are absent when the checkpoint was trained without a part the model has.
@@ -104,10 +103,10 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     return {k: v.float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
 
 
-def refuse_unrepresentable(state: StateDict, kind: str) -> None:
-    """A ValueError naming the first key of a feature the paper's model does not have."""
+def refuse_unrepresentable(state: StateDict, features) -> None:
+    """A ValueError naming the first key of a feature vit_keras' model does not have."""
     for key in state.arrays:
-        for pattern, feature in UNREPRESENTABLE[kind]:
+        for pattern, feature in features:
             if re.search(pattern, key):
                 raise ValueError(f"{state.source}: key {key!r} belongs to {feature}, which "
                                  "vit_keras' model does not have; refusing to load a "
@@ -218,6 +217,25 @@ def _huggingface_names(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {_hub_name(k.removeprefix(prefix)): v for k, v in arrays.items()}
 
 
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A PyTorch state-dict layout: the key that marks it, its converter to canonical
+    arrays, the keys of features vit_keras cannot represent, and a renaming done first."""
+
+    name: str
+    marker: str
+    convert: Callable[[StateDict, int], dict[str, np.ndarray]]
+    unrepresentable: tuple[tuple[str, str], ...]
+    rename: Callable[[dict], dict] = dict
+
+
+LAYOUTS = (
+    Layout("timm state dict", "patch_embed.proj.weight", from_timm, TIMM_UNREPRESENTABLE),
+    Layout("Hugging Face ViT state dict", "embeddings.patch_embeddings.projection.weight",
+           from_huggingface, HUGGINGFACE_UNREPRESENTABLE, _huggingface_names),
+)
+
+
 def _num_heads(model: keras.Model) -> int:
     """From block 0's query kernel, (D, heads, D_h)."""
     query = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
@@ -241,24 +259,20 @@ def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
     name = os.fspath(source) if isinstance(source, str | os.PathLike) else "state dict"
     arrays = read_state_dict(source) if isinstance(source, str | os.PathLike) else {
         k: np.asarray(v) for k, v in source.items()}
-    if "patch_embed.proj.weight" in arrays:
-        kind, convert = "timm", from_timm
-        state = StateDict(arrays, name, "timm state dict")
-    elif any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in arrays):
-        kind, convert = "huggingface", from_huggingface
-        state = StateDict(_huggingface_names(arrays), name, "Hugging Face ViT state dict")
-    else:
+    layout = next((layout for layout in LAYOUTS
+                   if any(k.endswith(layout.marker) for k in arrays)), None)
+    if layout is None:
         raise ValueError(f"{name}: neither a timm ViT (patch_embed.proj.weight) nor a Hugging "
                          "Face ViT (embeddings.patch_embeddings.projection.weight) state dict")
-    refuse_unrepresentable(state, kind)
-    params = convert(state, _num_heads(model))
+    state = StateDict(layout.rename(arrays), name, layout.name)
+    refuse_unrepresentable(state, layout.unrepresentable)
+    params = layout.convert(state, _num_heads(model))
     harmless = [k for k in state.leftover() if any(re.search(p, k) for p in HARMLESS)]
     unknown = sorted(set(state.leftover()) - set(harmless))
     if unknown:
-        raise ValueError(f"{name}: keys {unknown} of the {state.layout} are not part of the "
-                         "paper's ViT; refusing to load a different model")
-    grid_only = _posemb_is_grid_only(params[POSEMB_KEY],
-                                     "cls" in params, model)
+        raise ValueError(f"{name}: keys {unknown} of the {state.layout} are not part of any "
+                         "model vit_keras builds; refusing to load a different model")
+    grid_only = _posemb_is_grid_only(params[POSEMB_KEY], "cls" in params, model)
     report = load_params(model, params, name, state.layout, grid_only_posemb=grid_only,
                          resample="bilinear")
     report.unused += harmless

@@ -13,7 +13,7 @@ import re
 import sys
 
 from apps.variants import pretrained_table, variant_table
-from benchmarks.machine import machines_sentence
+from benchmarks.machine import machine_line, machines_sentence
 from benchmarks.tables import markdown, memory_markdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,6 +95,25 @@ def parity_block() -> str:
             + "\n".join(rows))
 
 
+def revisions_block() -> str:
+    rows = ["| backend | variant, batch | kind | before img/s | after img/s | after/before | "
+            "spread |", "|---|---|---|---|---|---|---|"]
+    reports = _reports(os.path.join("bench", "revisions"))
+    for report in reports:
+        for summary in report["summary"]:
+            for kind in ("infer", "train"):
+                if kind in summary:
+                    r = summary[kind]
+                    rows.append(f"| {summary['backend']} | {summary['variant']}, "
+                                f"{summary['batch']} | {kind} | {r['before_images_s']:.1f} | "
+                                f"{r['after_images_s']:.1f} | {r['ratio']:.3f} | "
+                                f"{r['spread']:.1%} |")
+    pairs = sorted({(r["revisions"]["before"], r["revisions"]["after"]) for r in reports})
+    compared = "; ".join(f"before {before}, after {after}" for before, after in pairs)
+    machines = "; ".join(sorted({machine_line(r["machine"]) for r in reports}))
+    return "\n".join(rows) + f"\n\nRevisions compared: {compared}. Machine: {machines}."
+
+
 def finetune_memory_block() -> str:
     rows = ["| backend | variant, batch | setting | trainable parameters | model MiB | "
             "peak MiB | added by training MiB |", "|---|---|---|---|---|---|---|"]
@@ -122,6 +141,7 @@ def bench_memory_block() -> str:
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
+          "revisions": revisions_block,
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
           "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),

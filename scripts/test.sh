@@ -13,8 +13,8 @@ for backend in ${BACKENDS:-tensorflow jax torch}; do
   # pytest exits 5 when it collects no test: that is a failure here too.
   # Two worker processes, one a core: most tests wait on Python and tracing rather than on
   # both cores, so this about halves the suite's time.
-  # A test module stays on one worker, so its module fixtures run once; each page of the
-  # docs is a group of its own (tests/conftest.py).
+  # A test module stays on one worker (--dist loadscope), so its module fixtures run once;
+  # each page of the docs is a test class of its own, so the pages spread (tests/test_docs.py).
   KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 \
-    --dist loadgroup "$@" tests
+    --dist loadscope "$@" tests
 done

@@ -18,16 +18,6 @@ import pytest  # noqa: E402
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 
 
-def pytest_collection_modifyitems(items):
-    """Groups for `pytest -n N --dist loadgroup`: a module's tests stay on one worker (its
-    module fixtures run once), except the docs, whose pages are independent and long."""
-    for item in items:
-        group = item.module.__name__
-        if group.endswith("test_docs"):
-            group = f"{group}[{item.callspec.id}]"
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 def pytest_report_header(config):
     return f"keras backend: {keras.backend.backend()}"
 

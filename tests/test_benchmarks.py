@@ -361,3 +361,16 @@ def test_revisions_compares_two_trees_taking_turns(tmp_path):
         assert summary[kind]["ratio"] == pytest.approx(
             summary[kind]["after_images_s"] / summary[kind]["before_images_s"])
     assert json.loads((tmp_path / "revisions.json").read_text())["summary"] == report["summary"]
+
+
+def test_every_family_by_name_matches_timms_own_architecture():
+    """benchmarks.parity builds each later family's timm model (its real options, shrunk)
+    and loads it into vk.vit with the registry's options, on this pass's backend."""
+    from benchmarks import parity
+
+    results = parity.measure(keras.backend.backend())
+    assert set(results) == {"deit_in1k", "deit3_in1k", "deit3_in21k_ft_in1k", "dino", "mae",
+                            "dinov2"}
+    for name, result in results.items():
+        assert result["max_abs_diff"] <= 1e-5, (name, result)
+        assert result["max_abs_output"] > 0.1, (name, result)

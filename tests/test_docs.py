@@ -107,17 +107,31 @@ def run_block(block: Block, folder: Path) -> None:
                                   f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
 
 
-@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-                    reason="the examples run once, in the suite's TensorFlow pass; a block "
-                           "that needs another backend says so with a KERAS_BACKEND marker")
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_every_example_of_the_page_runs(page, tmp_path):
+def run_page(page: Path, folder: Path) -> None:
     blocks = page_blocks(page)
-    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    (folder / "docs").symlink_to(ROOT / "docs")
     ran = 0
     for block in blocks:
         if block.skip_reason is None:
-            run_block(block, tmp_path)
+            run_block(block, folder)
             ran += 1
     if not ran:
         pytest.skip(f"{page.name} has no example to run")
+
+
+def page_test_class(page: Path) -> type:
+    """A test class for one page: `pytest --dist loadscope` (scripts/test.sh) keeps a class on
+    one worker and spreads the classes, so the pages, the longest tests, run side by side."""
+
+    @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
+                        reason="the examples run once, in the suite's TensorFlow pass; a block "
+                               "that needs another backend says so with a KERAS_BACKEND marker")
+    class Page:
+        def test_every_example_of_the_page_runs(self, tmp_path):
+            run_page(page, tmp_path)
+
+    return Page
+
+
+for _page in PAGES:
+    globals()["TestPage_" + re.sub(r"\W", "_", _page.stem)] = page_test_class(_page)

@@ -309,17 +309,28 @@ def test_timm_options_the_model_lacks_are_refused_by_name(option):
 
 def test_original_mae_and_dinov2_files_load(tmp_path):
     # MAE's released .pth wraps the timm-layout encoder in {"model": ...}; DINOv2's hub file
-    # is the timm layout plus the unused masked-image-modelling mask_token.
-    reference, state = timm_state(init_values=0.1)
-    tensors = {k: torch.from_numpy(v) for k, v in state.items()}
-    torch.save({"model": tensors, "epoch": 799}, tmp_path / "mae_pretrain.pth")
-    torch.save({**tensors, "mask_token": torch.zeros(1, 32)}, tmp_path / "dinov2_pretrain.pth")
-    for name, unused in (("mae_pretrain.pth", []), ("dinov2_pretrain.pth", ["mask_token"])):
-        model = exact_tiny(layer_scale=1.0)
+    # is the timm layout with LayerScale, plus the unused masked-image-modelling mask_token.
+    mae, mae_state = timm_state()
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in mae_state.items()}, "epoch": 799},
+               tmp_path / "mae_pretrain.pth")
+    dinov2, dinov2_state = timm_state(init_values=0.1)
+    torch.save({**{k: torch.from_numpy(v) for k, v in dinov2_state.items()},
+                "mask_token": torch.zeros(1, 32)}, tmp_path / "dinov2_pretrain.pth")
+    for name, reference, options, unused in (("mae_pretrain.pth", mae, {}, []),
+                                             ("dinov2_pretrain.pth", dinov2,
+                                              {"layer_scale": 1.0}, ["mask_token"])):
+        model = exact_tiny(**options)
         report = vk.load_pytorch_weights(model, str(tmp_path / name))
         assert report.unused == unused
         np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
                                    atol=1e-5)
+
+
+def test_a_class_token_is_refused_by_a_model_without_one():
+    _, state = timm_state()  # token pooling, with a class token
+    with pytest.raises(ValueError, match=r"has a class token, which the model "
+                                         r"\(classifier='gap'\) has not"):
+        vk.load_pytorch_weights(exact_tiny(classifier="gap"), state)
 
 
 def test_deit_distillation_token_is_refused():
@@ -406,7 +417,8 @@ def test_hugging_face_dinov2_layer_scale_is_refused():
                                          num_attention_heads=4, mlp_ratio=2, image_size=32,
                                          patch_size=8))
     state = {k: v.numpy() for k, v in reference.state_dict().items()}
-    with pytest.raises(ValueError, match=r"layer_scale1\.lambda1' belongs to LayerScale"):
+    with pytest.raises(ValueError, match=r"layer_scale1\.lambda1' belongs to Hugging Face's "
+                                         "DINOv2 layout"):
         vk.load_pytorch_weights(exact_tiny(), state)
 
 
@@ -428,6 +440,23 @@ def test_hugging_face_classifier_import_matches_transformers(tmp_path):
     with torch.no_grad():
         expected = reference(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits.numpy()
     np.testing.assert_allclose(logits(model, x), expected, atol=1e-4)
+
+
+def test_hugging_face_without_qkv_bias_loads_into_the_matching_model():
+    from transformers import ViTForImageClassification
+
+    reference = randomize_torch(
+        ViTForImageClassification(hf_config(num_labels=5, qkv_bias=False)).eval(), 3)
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    with pytest.raises(ValueError, match="the checkpoint has not; build it with qkv_bias=False"):
+        vk.load_pytorch_weights(vk.vit(TINY, image_size=32, num_classes=5,
+                                       approximate_gelu=False), state)
+    model = vk.vit(TINY, image_size=32, num_classes=5, approximate_gelu=False, qkv_bias=False)
+    vk.load_pytorch_weights(model, state)
+    x = images()
+    with torch.no_grad():
+        expected = reference(pixel_values=torch.from_numpy(x).permute(0, 3, 1, 2)).logits.numpy()
+    np.testing.assert_allclose(logits(model, x), expected, atol=1e-5)
 
 
 def test_hugging_face_pooler_is_the_representation_layer():

@@ -8,7 +8,7 @@ Markers, HTML comments on the lines just before a block, adapt a block for the t
     <!-- test: serve pretrained NAME VARIANT -->
                                         pre-trained names download from a loopback server
                                         that holds a random checkpoint of NAME for VARIANT,
-                                        in the official layout
+                                        in the layout of its release's file
     <!-- not run: REASON -->            the block is shown but not run, for the reason given
 A shell block's lines run with bash; lines of a shell block are commands a reader types.
 """

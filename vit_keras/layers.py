@@ -31,9 +31,10 @@ def layer_norm(name: str) -> keras.layers.LayerNormalization:
 
 class SavesSublayers:
     """For layers that make Keras sub-layers in build(): their configs go into get_config as
-    "sublayers", and a layer made from that config builds them with what the saved configs
-    changed (the dtype policy of an int8 or float8 quantization, a LoRA rank) over the
-    layer's own arguments, so a quantized or LoRA model saved as .keras loads back as it was."""
+    "sublayers", and a layer made from that config builds each from its saved config, the
+    layer's own arguments (equation, shapes, initialisers) taking precedence: what the saved
+    config adds is what model.quantize and enable_lora changed (an int8 or float8 dtype
+    policy, a LoRA rank), so a quantized or LoRA model saved as .keras loads back as it was."""
 
     SUBLAYERS: tuple[str, ...] = ()
 

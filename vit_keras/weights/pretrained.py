@@ -32,11 +32,9 @@ class Release:
     """A family of published checkpoints, one per variant."""
 
     description: str
-    source: str
     licence: str
     checkpoints: dict[str, Checkpoint]
     options: dict = dataclasses.field(default_factory=dict)  # the vk.vit() arguments they need
-    inputs: str = "[-1, 1] (vk.preprocess)"  # how the images were normalised in training
 
 
 def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000) -> Checkpoint:
@@ -45,9 +43,6 @@ def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000) -> Checkp
                       base=HUB_URL)
 
 
-_GOOGLE = "Google, vit_jax / AugReg releases (github.com/google-research/vision_transformer)"
-_META_TIMM = "Meta, as converted and published by timm on the Hugging Face Hub (timm/...)"
-_IMAGENET_STATS = "ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225)"
 _EXACT = {"approximate_gelu": False}
 
 
@@ -68,7 +63,7 @@ _IN1K_224 = "--imagenet2012-steps_20k-lr_{}-res_224"
 PRETRAINED: dict[str, Release] = {
     "augreg_in21k": Release(
         "ImageNet-21k, AugReg recipe (Steiner et al. 2021), 300 epochs; the recommended "
-        "'How to train your ViT' models", _GOOGLE, "Apache-2.0", {
+        "'How to train your ViT' models", "Apache-2.0", {
             "Ti/16": Checkpoint(_augreg("Ti_16", "none-wd_0.03"), 224, 21843),
             "S/32": Checkpoint(_augreg("S_32", "none-wd_0.1"), 224, 21843),
             "S/16": Checkpoint(_augreg("S_16", "light1-wd_0.03"), 224, 21843),
@@ -83,7 +78,7 @@ PRETRAINED: dict[str, Release] = {
         }),
     # The same pre-training, fine-tuned on ImageNet-1k at 224 (timm's augreg_in21k_ft_in1k).
     "augreg_in21k_ft_in1k": Release(
-        "augreg_in21k fine-tuned on ImageNet-1k, 20k steps", _GOOGLE, "Apache-2.0", {
+        "augreg_in21k fine-tuned on ImageNet-1k, 20k steps", "Apache-2.0", {
             "Ti/16": Checkpoint(_augreg("Ti_16", "none-wd_0.03", _IN1K_224.format("0.03")), 224,
                                 1000),
             "S/16": Checkpoint(_augreg("S_16", "light1-wd_0.03", _IN1K_224.format("0.03")), 224,
@@ -92,50 +87,50 @@ PRETRAINED: dict[str, Release] = {
                                1000),
         }),
     "imagenet21k": Release(
-        "ImageNet-21k, the paper's original pre-training (with pre_logits)", _GOOGLE,
+        "ImageNet-21k, the paper's original pre-training (with pre_logits)",
         "Apache-2.0", {v: Checkpoint(f"imagenet21k/{_original(v)}.npz", 224, 21843)
                        for v in ("B/16", "B/32", "L/16", "L/32", "H/14", "R50+B/16")}),
     "imagenet21k_ft_in1k": Release(
-        "imagenet21k fine-tuned on ImageNet-1k (the paper's Table 2 models)", _GOOGLE,
+        "imagenet21k fine-tuned on ImageNet-1k (the paper's Table 2 models)",
         "Apache-2.0",
         {v: Checkpoint(f"imagenet21k+imagenet2012/{_original(v)}.npz", 384, 1000)
          for v in ("B/16", "B/32", "L/16", "L/32", "R50+B/16")}),
     "deit_in1k": Release(
         "DeiT (Touvron et al. 2021): ImageNet-1k only, the DeiT recipe without the "
-        "distillation token", _META_TIMM, "Apache-2.0",
+        "distillation token", "Apache-2.0",
         {v: _timm(f"timm/deit_{size}_patch16_224.fb_in1k")
          for v, size in (("Ti/16", "tiny"), ("S/16", "small"), ("B/16", "base"))},
-        _EXACT, _IMAGENET_STATS),
+        _EXACT),
     "deit3_in1k": Release(
-        "DeiT III (Touvron et al. 2022): ImageNet-1k, with LayerScale", _META_TIMM, "Apache-2.0",
+        "DeiT III (Touvron et al. 2022): ImageNet-1k, with LayerScale", "Apache-2.0",
         {v: _timm(f"timm/deit3_{size}_patch16_224.fb_in1k")
          for v, size in (("S/16", "small"), ("B/16", "base"), ("L/16", "large"))},
-        {**_EXACT, "layer_scale": 1e-6}, _IMAGENET_STATS),
+        {**_EXACT, "layer_scale": 1e-6}),
     "deit3_in21k_ft_in1k": Release(
-        "DeiT III: ImageNet-21k, fine-tuned on ImageNet-1k", _META_TIMM, "Apache-2.0",
+        "DeiT III: ImageNet-21k, fine-tuned on ImageNet-1k", "Apache-2.0",
         {v: _timm(f"timm/deit3_{size}_patch16_224.fb_in22k_ft_in1k")
          for v, size in (("S/16", "small"), ("B/16", "base"), ("L/16", "large"))},
-        {**_EXACT, "layer_scale": 1e-6}, _IMAGENET_STATS),
+        {**_EXACT, "layer_scale": 1e-6}),
     "dino": Release(
         "DINO (Caron et al. 2021): self-supervised on ImageNet-1k, no head (features)",
-        _META_TIMM, "Apache-2.0",
+        "Apache-2.0",
         {v: _timm(f"timm/vit_{size}_patch{patch}_224.dino", num_classes=0)
          for v, size, patch in (("S/16", "small", 16), ("S/8", "small", 8),
                                 ("B/16", "base", 16), ("B/8", "base", 8))},
-        {**_EXACT, "include_top": False}, _IMAGENET_STATS),
+        {**_EXACT, "include_top": False}),
     "mae": Release(
         "MAE (He et al. 2022): masked-autoencoder pre-training on ImageNet-1k, the encoder "
-        "without a head (features)", _META_TIMM, "CC-BY-NC-4.0 (non-commercial)",
+        "without a head (features)", "CC-BY-NC-4.0 (non-commercial)",
         {"B/16": _timm("timm/vit_base_patch16_224.mae", num_classes=0),
          "L/16": _timm("timm/vit_large_patch16_224.mae", num_classes=0),
          "H/14": _timm("timm/vit_huge_patch14_224.mae", num_classes=0)},
-        {**_EXACT, "include_top": False}, _IMAGENET_STATS),
+        {**_EXACT, "include_top": False}),
     "dinov2": Release(
         "DINOv2 (Oquab et al. 2023): self-supervised on LVD-142M, with LayerScale, 518 px, no "
-        "head (features)", _META_TIMM, "Apache-2.0",
+        "head (features)", "Apache-2.0",
         {v: _timm(f"timm/vit_{size}_patch14_dinov2.lvd142m", 518, 0)
          for v, size in (("S/14", "small"), ("B/14", "base"), ("L/14", "large"))},
-        {**_EXACT, "layer_scale": 1e-5, "include_top": False}, _IMAGENET_STATS),
+        {**_EXACT, "layer_scale": 1e-5, "include_top": False}),
 }
 
 

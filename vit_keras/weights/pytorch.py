@@ -2,10 +2,10 @@
 
 Both are rewritten into the canonical (pre-Linen .npz) names, transposing kernels, and then
 loaded by vit_keras.weights.assign.load_params. Reading is strict: every key of the state dict
-is used or reported, a key of a feature the model cannot represent (LayerScale, register
-tokens, ...) is refused by name, and a missing key is a ValueError naming it. Build the model
-with approximate_gelu=False for these files: they were trained (or converted to run) with the
-exact erf GELU.
+is used or reported, a key of a feature vit_keras does not load (register tokens, qk-norm,
+...) is refused by name, a class token is refused by a model without one, and a missing key
+is a ValueError naming it. Build the model with approximate_gelu=False for these files: they
+were trained (or converted to run) with the exact erf GELU.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ TIMM_UNREPRESENTABLE = (
     (r"^attn_pool\.", "attention pooling (timm global_pool='map')"),
 )
 HUGGINGFACE_UNREPRESENTABLE = (
-    (r"layer_scale\d\.lambda1$", "LayerScale (DINOv2)"),
+    (r"layer_scale\d\.lambda1$", "Hugging Face's DINOv2 layout (timm's DINOv2 files load, "
+                                  "with layer_scale=1e-5)"),
     (r"embeddings\.register_tokens$", "register tokens (DINOv2 with registers)"),
     (r"distillation_(token|classifier)", "DeiT's distillation token"),
     (r"mlp\.weights_(in|out)\.", "a gated (SwiGLU) MLP"),
@@ -45,8 +46,7 @@ HUGGINGFACE_UNREPRESENTABLE = (
 HARMLESS = (r"num_batches_tracked$", r"(^|\.)mask_token$")
 # Keys that are absent when the checkpoint was trained without a part the model has.
 MISSING_MEANS = (
-    (r"^patch_embed\.proj\.bias$", "a patch embedding without bias (timm pre_norm=True; CLIP)"),
-    (r"^norm\.(weight|bias)$", "no final LayerNorm before the head (timm fc_norm)"),
+    (r"^norm\.(weight|bias)$", "no LayerNorm after the encoder (timm final_norm=False)"),
 )
 
 
@@ -109,8 +109,8 @@ def refuse_unrepresentable(state: StateDict, features) -> None:
         for pattern, feature in features:
             if re.search(pattern, key):
                 raise ValueError(f"{state.source}: key {key!r} belongs to {feature}, which "
-                                 "vit_keras' model does not have; refusing to load a "
-                                 "different model")
+                                 "vit_keras does not load; refusing to load a different "
+                                 "model")
 
 
 def _heads_kernel(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -196,7 +196,9 @@ def from_huggingface(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
                      state.pair("layernorm"))
     for i in range(_depth(state, "encoder.layer.")):
         b = f"encoder.layer.{i}."
-        qkv = [state.pair(b + f"attention.attention.{n}") for n in ("query", "key", "value")]
+        qkv = [(state.take(f"{b}attention.attention.{n}.weight"),
+                state.optional(f"{b}attention.attention.{n}.bias"))  # absent: qkv_bias=False
+               for n in ("query", "key", "value")]
         params.update(_block(f"Transformer/encoderblock_{i}/", state.pair(b + "layernorm_before"),
                              qkv, state.pair(b + "attention.output.dense"),
                              state.pair(b + "layernorm_after"),
@@ -272,6 +274,9 @@ def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
     if unknown:
         raise ValueError(f"{name}: keys {unknown} of the {state.layout} are not part of any "
                          "model vit_keras builds; refusing to load a different model")
+    if "cls" in params and "cls" not in model_variables(model):
+        raise ValueError(f"{name}: the {state.layout} has a class token, which the model "
+                         "(classifier='gap') has not: build it with classifier='token'")
     grid_only = _posemb_is_grid_only(params[POSEMB_KEY], "cls" in params, model)
     report = load_params(model, params, name, state.layout, grid_only_posemb=grid_only,
                          resample="bilinear")

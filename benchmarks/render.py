@@ -14,7 +14,7 @@ import sys
 
 from apps.variants import pretrained_table, variant_table
 from benchmarks.machine import machine_line, machines_sentence
-from benchmarks.tables import markdown, memory_markdown
+from benchmarks.tables import markdown, memory_markdown, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -43,14 +43,12 @@ def mainjob_block() -> str:
 
 
 def _export_table(report) -> str:
-    rows = ["| format | size | max abs diff (probabilities) | top-1 agreement | "
-            "latency ms/image | within tolerance |", "|---|---|---|---|---|---|"]
-    for kind, r in report["formats"].items():
-        rows.append(f"| {kind} | {r['size_bytes'] / 1024:.0f} KiB | "
-                    f"{r['max_abs_diff_probabilities']:.2e} | {r['top1_agreement']:.2%} | "
-                    f"{r['latency_ms_per_image']:.3f} | {'yes' if r['passed'] else '**no**'} |")
-    return "\n".join(rows)
-
+    return table(["format", "size", "max abs diff (probabilities)", "top-1 agreement",
+                  "latency ms/image", "within tolerance"],
+                 [[kind, f"{r['size_bytes'] / 1024:.0f} KiB",
+                   f"{r['max_abs_diff_probabilities']:.2e}", f"{r['top1_agreement']:.2%}",
+                   f"{r['latency_ms_per_image']:.3f}", "yes" if r["passed"] else "**no**"]
+                  for kind, r in report["formats"].items()])
 
 TI16_EXPORTS = {
     "32": "trained one epoch on Fashion-MNIST at 32 px and exported at that size",
@@ -82,48 +80,36 @@ def export_block() -> str:
 
 
 def parity_block() -> str:
-    report = _json("weights/parity.json")
-    backends = list(report["backends"])
-    first = report["backends"][backends[0]]
-    rows = ["| name | timm architecture (shrunk to width 32, depth 2) | "
-            + " | ".join(backends) + " |", "|---|---|" + "---|" * len(backends)]
-    for name, result in first.items():
-        diffs = " | ".join(f"{report['backends'][b][name]['max_abs_diff']:.1e}" for b in backends)
-        rows.append(f"| `{name}` | `{result['architecture']}` | {diffs} |")
+    results = _json("weights/parity.json")["backends"]
+    first = next(iter(results.values()))
+    rows = [[f"`{name}`", f"`{result['architecture']}`",
+             *(f"{results[b][name]['max_abs_diff']:.1e}" for b in results)]
+            for name, result in first.items()]
     return ("The largest |vit_keras - timm| on two random images, from "
             "`python -m benchmarks.parity --json docs/weights/parity.json`:\n\n"
-            + "\n".join(rows))
-
+            + table(["name", "timm architecture (shrunk to width 32, depth 2)", *results], rows))
 
 def revisions_block() -> str:
-    rows = ["| backend | variant, batch | kind | before img/s | after img/s | after/before | "
-            "spread |", "|---|---|---|---|---|---|---|"]
     reports = _reports(os.path.join("bench", "revisions"))
-    for report in reports:
-        for summary in report["summary"]:
-            for kind in ("infer", "train"):
-                if kind in summary:
-                    r = summary[kind]
-                    rows.append(f"| {summary['backend']} | {summary['variant']}, "
-                                f"{summary['batch']} | {kind} | {r['before_images_s']:.1f} | "
-                                f"{r['after_images_s']:.1f} | {r['ratio']:.3f} | "
-                                f"{r['spread']:.1%} |")
+    rows = [[s["backend"], f"{s['variant']}, {s['batch']}", kind,
+             f"{s[kind]['before_images_s']:.1f}", f"{s[kind]['after_images_s']:.1f}",
+             f"{s[kind]['ratio']:.3f}", f"{s[kind]['spread']:.1%}"]
+            for report in reports for s in report["summary"]
+            for kind in ("infer", "train") if kind in s]
     pairs = sorted({(r["revisions"]["before"], r["revisions"]["after"]) for r in reports})
     compared = "; ".join(f"before {before}, after {after}" for before, after in pairs)
     machines = "; ".join(sorted({machine_line(r["machine"]) for r in reports}))
-    return "\n".join(rows) + f"\n\nRevisions compared: {compared}. Machine: {machines}."
-
+    return (table(["backend", "variant, batch", "kind", "before img/s", "after img/s",
+                   "after/before", "spread"], rows)
+            + f"\n\nRevisions compared: {compared}. Machine: {machines}.")
 
 def finetune_memory_block() -> str:
-    rows = ["| backend | variant, batch | setting | trainable parameters | model MiB | "
-            "peak MiB | added by training MiB |", "|---|---|---|---|---|---|---|"]
-    for report in _reports("finetune"):
-        for r in report:
-            rows.append(f"| {r['backend']} | {r['variant']}, {r['batch']} | {r['setting']} | "
-                        f"{r['trainable_parameters']:,} | {r['model_mib']:,} | "
-                        f"{r['peak_mib']:,} | {r['peak_mib'] - r['model_mib']:,} |")
-    return "\n".join(rows)
-
+    rows = [[r["backend"], f"{r['variant']}, {r['batch']}", r["setting"],
+             f"{r['trainable_parameters']:,}", f"{r['model_mib']:,}", f"{r['peak_mib']:,}",
+             f"{r['peak_mib'] - r['model_mib']:,}"]
+            for report in _reports("finetune") for r in report]
+    return table(["backend", "variant, batch", "setting", "trainable parameters", "model MiB",
+                  "peak MiB", "added by training MiB"], rows)
 
 def bench_block(folder: str = "bench") -> str:
     return markdown(_reports(folder))

@@ -49,24 +49,29 @@ def format_jit(value) -> str:
     return str(value).lower()
 
 
+def table(header: list[str], rows: list[list]) -> str:
+    """A markdown table: the header, its separator, one line per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def markdown(reports: list[dict], footer: bool = True) -> str:
     """The speed table from one or more --json reports (footer: the matmul peaks utilisation
     divides by, input pipeline rates and machines)."""
-    rows = ["| backend | variant | px | batch | precision | implementation | jit_compile | "
-            "infer img/s | latency ms (b1) | train img/s | GFLOP/img | % of matmul peak |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for report in reports:
-        for r in report["results"]:
-            rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
-                        f"{r['batch']} | {r['precision']} | {r['implementation']} | "
-                        f"{format_jit(r['jit_compile'])} | {format_rate(r['infer_images_s'])} | "
-                        f"{r['latency_ms']:.1f} | {format_rate(r['train_images_s'])} | "
-                        f"{r['gflops_per_image']:.2f} | {utilisation(report, r):.0%} |")
+    rows = [[report["backend"], r["variant"], r["image_size"], r["batch"], r["precision"],
+             r["implementation"], format_jit(r["jit_compile"]), format_rate(r["infer_images_s"]),
+             f"{r['latency_ms']:.1f}", format_rate(r["train_images_s"]),
+             f"{r['gflops_per_image']:.2f}", f"{utilisation(report, r):.0%}"]
+            for report in reports for r in report["results"]]
+    text = table(["backend", "variant", "px", "batch", "precision", "implementation",
+                  "jit_compile", "infer img/s", "latency ms (b1)", "train img/s", "GFLOP/img",
+                  "% of matmul peak"], rows)
     if not footer:
-        return "\n".join(rows)
+        return text
     peaks = "; ".join(f"{k} {v:.0f}" for report in reports for k, v in run_peaks(report).items())
     pipeline = ", ".join(f"{r['backend']} {r['pipeline_images_s']:.0f}" for r in reports)
-    return "\n".join(rows) + (
+    return text + (
         "\n\n% of matmul peak: inference GFLOP/s over the run's peak, the highest median GFLOP/s "
         "of a square matmul it measured, in a sweep of sizes at its start or in the turns "
         f"beside each model (torch's for timm, the backend's for the rest): {peaks}. "
@@ -75,14 +80,11 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
 
 def memory_markdown(reports: list[dict]) -> str:
     """The peak-memory table from one or more --memory reports."""
-    rows = ["| backend | variant | px | batch | precision | implementation | jit_compile | "
-            "weights MiB | inference peak MiB | training peak MiB | second training step MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for report in reports:
-        for r in report["memory"]:
-            rows.append(f"| {report['backend']} | {r['variant']} | {r['image_size']} | "
-                        f"{r['batch']} | {r['precision']} | {r['implementation']} | "
-                        f"{format_jit(r['jit_compile'])} | {r['params'] * 4 / 2**20:,.0f} | "
-                        f"{format_mib(r['infer_peak_mib'])} | {format_mib(r['train_peak_mib'])} | "
-                        f"{format_mib(r['train_again_peak_mib'])} |")
-    return "\n".join(rows)
+    rows = [[report["backend"], r["variant"], r["image_size"], r["batch"], r["precision"],
+             r["implementation"], format_jit(r["jit_compile"]), f"{r['params'] * 4 / 2**20:,.0f}",
+             format_mib(r["infer_peak_mib"]), format_mib(r["train_peak_mib"]),
+             format_mib(r["train_again_peak_mib"])]
+            for report in reports for r in report["memory"]]
+    return table(["backend", "variant", "px", "batch", "precision", "implementation",
+                  "jit_compile", "weights MiB", "inference peak MiB", "training peak MiB",
+                  "second training step MiB"], rows)

@@ -61,11 +61,10 @@ def write_release_file(root, name: str, variant: str):
     entry = pretrained.checkpoint(variant, name)
     path = root / entry.path
     path.parent.mkdir(parents=True, exist_ok=True)
-    if entry.path.endswith(".npz"):
+    if entry.timm_model is None:
         vk.save_npz(vk.vit(variant, num_classes=entry.num_classes), path)
         return path, None
-    architecture = entry.path.split("/resolve/")[0].removeprefix("timm/")
-    reference = timm.create_model(architecture).eval()
+    reference = timm.create_model(entry.timm_model).eval()
     save_file(reference.state_dict(), path)
     return path, reference
 

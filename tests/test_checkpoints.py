@@ -38,6 +38,15 @@ def timm_forward(model, x, **kwargs):
         return model(torch.from_numpy(x).permute(0, 3, 1, 2), **kwargs).numpy()
 
 
+def timm_state(seed=0, **options):
+    reference = randomize_torch(timm_vit(approximate=False, **options), seed)
+    return reference, {k: v.numpy() for k, v in reference.state_dict().items()}
+
+
+def exact_tiny(**kwargs):
+    return vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False, **kwargs)
+
+
 def write(path, params):
     np.savez(path, **params)
     return str(path)
@@ -266,21 +275,11 @@ def test_timm_state_dict_import_matches_timm(tmp_path):
     reference = randomize_torch(timm_vit(approximate=False))
     save_file(reference.state_dict(), tmp_path / "timm.safetensors")
     path = str(tmp_path / "timm.safetensors")
-    report = vk.load_pytorch_weights(
-        vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False), path)
+    report = vk.load_pytorch_weights(exact_tiny(), path)
     assert report.unused == [] and report.layout == "timm state dict"
-    model = vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False, weights=path)
+    model = exact_tiny(weights=path)
     np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
                                atol=1e-4)
-
-
-def timm_state(seed=0, **options):
-    reference = randomize_torch(timm_vit(approximate=False, **options), seed)
-    return reference, {k: v.numpy() for k, v in reference.state_dict().items()}
-
-
-def exact_tiny(**kwargs):
-    return vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False, **kwargs)
 
 
 # Each timm option that changes the computation, and what the refusal must name.
@@ -363,8 +362,7 @@ def test_timm_options_load_with_the_matching_model_and_match_timm(option, tmp_pa
                                atol=1e-5)
     # the .npz and .keras files keep the option's weights
     vk.save_npz(model, tmp_path / "m.npz")
-    again = vk.vit(TINY, image_size=32, num_classes=7, approximate_gelu=False,
-                   weights=str(tmp_path / "m.npz"), **vit_options)
+    again = exact_tiny(weights=str(tmp_path / "m.npz"), **vit_options)
     np.testing.assert_allclose(logits(again, images()), logits(model, images()), atol=1e-6)
     model.save(tmp_path / "m.keras")
     restored = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)

@@ -137,7 +137,7 @@ def ridge_solve(features: np.ndarray, targets: np.ndarray, l2: float) -> np.ndar
 
 
 def linear_fewshot_accuracy(train_x, train_y, test_x, test_y, num_classes: int,
-                          l2: float) -> float:
+                            l2: float) -> float:
     """big_vision's fewshot_lsr: features standardised on the training shots, a constant
     bias feature appended, targets 2 * onehot - 1, regularised least squares."""
     mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-5
@@ -167,6 +167,6 @@ def few_shot(features_train: np.ndarray, labels_train: np.ndarray, features_test
                 rng.choice(np.flatnonzero(labels_train == c), shot, replace=False)
                 for c in classes])
             scores.append(linear_fewshot_accuracy(features_train[chosen], labels_train[chosen],
-                                                features_test, labels_test, num_classes, l2))
+                                                  features_test, labels_test, num_classes, l2))
         results[shot] = float(np.mean(scores))
     return results

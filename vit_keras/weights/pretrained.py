@@ -26,6 +26,14 @@ class Checkpoint:
     num_classes: int  # 0: the file has no head (build with include_top=False)
     base: str = BASE_URL
 
+    @property
+    def timm_model(self) -> str | None:
+        """The timm model name ("deit3_small_patch16_224.fb_in1k") of a file timm publishes
+        on the Hub, None for Google's files."""
+        if self.base != HUB_URL:
+            return None
+        return self.path.split("/resolve/")[0].removeprefix("timm/")
+
 
 @dataclasses.dataclass(frozen=True)
 class Release:

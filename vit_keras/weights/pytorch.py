@@ -238,10 +238,7 @@ LAYOUTS = (
 )
 
 
-def _num_heads(model: keras.Model) -> int:
-    """From block 0's query kernel, (D, heads, D_h)."""
-    query = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
-    return model_variables(model)[query].shape[1]
+QUERY_KERNEL = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
 
 
 def _posemb_is_grid_only(posemb: np.ndarray, has_cls: bool, model: keras.Model) -> bool:
@@ -268,13 +265,14 @@ def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
                          "Face ViT (embeddings.patch_embeddings.projection.weight) state dict")
     state = StateDict(layout.rename(arrays), name, layout.name)
     refuse_unrepresentable(state, layout.unrepresentable)
-    params = layout.convert(state, _num_heads(model))
+    targets = model_variables(model)
+    params = layout.convert(state, targets[QUERY_KERNEL].shape[1])  # (D, heads, D_h)
     harmless = [k for k in state.leftover() if any(re.search(p, k) for p in HARMLESS)]
     unknown = sorted(set(state.leftover()) - set(harmless))
     if unknown:
         raise ValueError(f"{name}: keys {unknown} of the {state.layout} are not part of any "
                          "model vit_keras builds; refusing to load a different model")
-    if "cls" in params and "cls" not in model_variables(model):
+    if "cls" in params and "cls" not in targets:
         raise ValueError(f"{name}: the {state.layout} has a class token, which the model "
                          "(classifier='gap') has not: build it with classifier='token'")
     grid_only = _posemb_is_grid_only(params[POSEMB_KEY], "cls" in params, model)

@@ -33,6 +33,10 @@ def image_paths(inputs) -> list[str]:
     return paths
 
 
+def size_text(size) -> str:
+    return "x".join("any" if side is None else str(side) for side in size)
+
+
 def read_labels(path, count):
     if path and os.path.exists(path):
         with open(path) as file:
@@ -48,13 +52,22 @@ def main(argv=None):
                         help="how many labels to print per image")
     parser.add_argument("--labels", help="one class name a line (default: labels.txt beside "
                                          "the model)")
+    parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("HEIGHT", "WIDTH"),
+                        help="the size images are resized to, for a model that takes any size "
+                             "(default: the model's own input size)")
     args = parser.parse_args(argv)
     if not os.path.exists(args.model):
         raise FileNotFoundError(f"model {args.model!r} does not exist")
     model = Predictor(args.model)
     paths = image_paths(args.images)
-    height, width, channels = model.input_shape
-    pixels = data.load_image_files(paths, (height, width), channels)
+    *size, channels = model.input_shape
+    if args.image_size is None and None in size:
+        raise ValueError("the model takes images of any size: give --image-size HEIGHT WIDTH")
+    if args.image_size is not None and not model.takes((*args.image_size, channels)):
+        raise ValueError(f"--image-size: the model takes images of {size_text(size)} pixels, "
+                         f"got {size_text(args.image_size)}")
+    size = args.image_size or size
+    pixels = data.load_image_files(paths, tuple(size), channels)
     probabilities = model(pixels)["probabilities"]
     beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), "labels.txt")
     labels = read_labels(args.labels or beside, probabilities.shape[-1])

@@ -89,8 +89,8 @@ def parity_block() -> str:
             "`python -m benchmarks.parity --json docs/weights/parity.json`:\n\n"
             + table(["name", "timm architecture (shrunk to width 32, depth 2)", *results], rows))
 
-def revisions_block() -> str:
-    reports = _reports(os.path.join("bench", "revisions"))
+def revisions_block(folder: str = "revisions") -> str:
+    reports = _reports(os.path.join("bench", folder))
     rows = [[s["backend"], f"{s['variant']}, {s['batch']}", kind,
              f"{s[kind]['before_images_s']:.1f}", f"{s[kind]['after_images_s']:.1f}",
              f"{s[kind]['ratio']:.3f}", f"{s[kind]['spread']:.1%}"]
@@ -128,6 +128,7 @@ def bench_memory_block() -> str:
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "revisions": revisions_block,
+          "dynamicsize": lambda: revisions_block("revisions-dynamic"),
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
           "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),

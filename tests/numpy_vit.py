@@ -134,9 +134,10 @@ def encoder_block(x, p, heads, approximate):
 
 def forward(params, images, *, patch, heads, layers, classifier="token", posemb=None,
             approximate=True, representation=False, return_attention=False, resnet_stages=None,
-            resnet_width=64):
+            resnet_width=64, return_blocks=False):
     """Logits of the paper's model; posemb is the (tokens, D) table to add, or None.
-    resnet_stages (units per stage, () for the root alone) makes it a hybrid."""
+    resnet_stages (units per stage, () for the root alone) makes it a hybrid.
+    return_blocks: also return every block's output tokens and the pooled representation."""
     if resnet_stages is not None:
         images = resnet(params, images, resnet_stages, resnet_width)
     kernel = params["embedding/kernel"]
@@ -146,16 +147,19 @@ def forward(params, images, *, patch, heads, layers, classifier="token", posemb=
         x = np.concatenate([cls, x], axis=1)
     if posemb is not None:
         x = x + posemb
-    attention = []
+    attention, blocks = [], []
     for i in range(layers):
         prefix = f"Transformer/encoderblock_{i}/"
         block = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
         x, probs = encoder_block(x, block, heads, approximate)
         attention.append(probs)
+        blocks.append(x)
     x = layer_norm(x, params["Transformer/encoder_norm/scale"],
                    params["Transformer/encoder_norm/bias"])
     x = x[:, 0] if classifier == "token" else x.mean(axis=1)
     if representation:
         x = np.tanh(x @ params["pre_logits/kernel"] + params["pre_logits/bias"])
     logits = x @ params["head/kernel"] + params["head/bias"]
+    if return_blocks:
+        return logits, blocks, x
     return (logits, attention) if return_attention else logits

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import pytest
 
@@ -118,3 +119,42 @@ def test_hybrid_analysis_measures_image_pixels_and_has_no_patch_filters():
     assert analysis.attention_rollout(model, x).shape == (2, 4, 4)
     with pytest.raises(ValueError, match="sees 32 ResNet channels, not the image's 3"):
         analysis.patch_filters(model)
+
+
+def nested_models(vit, size=32):
+    """vit as a layer of a functional and of a Sequential model, after a rescaling."""
+    inputs = keras.Input((size, size, 3))
+    functional = keras.Model(
+        inputs, keras.layers.Dense(2)(vit(keras.layers.Rescaling(0.5)(inputs))))
+    sequential = keras.Sequential([keras.Input((size, size, 3)), keras.layers.Rescaling(0.5),
+                                   vit, keras.layers.Dense(2)])
+    return functional, sequential
+
+
+def test_tools_find_the_vit_inside_a_bigger_model():
+    vit = randomize(vk.vit(TINY, image_size=32, num_classes=3))
+    x = images()
+    expected_rollout = analysis.attention_rollout(vit, x * 0.5)
+    expected_distance = analysis.mean_attention_distance(vit, x * 0.5)
+    for outer in nested_models(vit):
+        np.testing.assert_allclose(analysis.attention_rollout(outer, x), expected_rollout,
+                                   atol=1e-6)
+        np.testing.assert_allclose(analysis.mean_attention_distance(outer, x),
+                                   expected_distance, atol=1e-5)
+        np.testing.assert_array_equal(analysis.patch_filters(outer), analysis.patch_filters(vit))
+    with pytest.raises(ValueError, match="model 'plain' has no ViT in it"):
+        analysis.attention_rollout(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)],
+                                                    name="plain"), x)
+
+
+def test_tools_take_the_image_sizes_of_a_dynamic_model(tmp_path):
+    dynamic = randomize(vk.vit(TINY, image_size=32, num_classes=3, dynamic_image_size=True))
+    vk.save_npz(dynamic, tmp_path / "weights.npz")
+    fixed = vk.vit(TINY, image_size=(48, 24), num_classes=3)
+    vk.load_npz(fixed, tmp_path / "weights.npz", resample="zoom")
+    x = images(height=48, width=24)
+    rollout = analysis.attention_rollout(dynamic, x)
+    assert rollout.shape == (2, 6, 3)
+    np.testing.assert_allclose(rollout, analysis.attention_rollout(fixed, x), atol=1e-5)
+    np.testing.assert_allclose(analysis.mean_attention_distance(dynamic, x),
+                               analysis.mean_attention_distance(fixed, x), rtol=1e-4)

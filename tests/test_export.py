@@ -124,6 +124,53 @@ np.save({str(tmp_path / "p.npy")!r}, out["probabilities"].numpy())
     np.testing.assert_allclose(np.load(tmp_path / "p.npy"), expected, atol=1e-4)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="export runs under TensorFlow (apps.export restarts itself there)")
+def test_dynamic_size_model_exports_a_saved_model_of_any_size(tmp_path):
+    from PIL import Image
+
+    from vit_keras import export
+
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3, dynamic_image_size=True),
+                      scale=0.1)
+    rng = np.random.default_rng(0)
+    report = export.export_all(model, str(tmp_path / "out"),
+                               rng.integers(0, 256, (8, 32, 32, 3), dtype=np.uint8),
+                               formats=("saved_model", "tflite_float32"))
+    assert report["input_shape"] == [None, None, 3]
+    assert report["fixed_size_formats_input_shape"] == [32, 32, 3]
+    assert Predictor(str(tmp_path / "out" / "model_float32.tflite")).input_shape == (32, 32, 3)
+    assert not (tmp_path / "out" / "fixed_size_saved_model").exists()
+    sizes = [(32, 32), (48, 24)]
+    for size in sizes:
+        np.save(tmp_path / f"x{size[0]}.npy",
+                rng.integers(0, 256, (2, *size, 3), dtype=np.uint8))
+    code = f"""
+import sys
+sys.modules["vit_keras"] = None
+sys.modules["keras"] = None
+import numpy as np, tensorflow as tf
+serve = tf.saved_model.load({str(tmp_path / "out" / "saved_model")!r}).signatures["serving_default"]
+for height in {[size[0] for size in sizes]!r}:
+    x = np.load({str(tmp_path)!r} + f"/x{{height}}.npy")
+    np.save({str(tmp_path)!r} + f"/p{{height}}.npy", serve(images=tf.constant(x))["logits"].numpy())
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300, cwd=tmp_path,
+                   env={**os.environ, "PYTHONPATH": ""})
+    for height, _ in sizes:
+        x = np.load(tmp_path / f"x{height}.npy")
+        np.testing.assert_allclose(np.load(tmp_path / f"p{height}.npy"),
+                                   keras.ops.convert_to_numpy(model(vk.preprocess(x))),
+                                   atol=1e-4)
+    Image.fromarray(np.load(tmp_path / "x48.npy")[0]).save(tmp_path / "image.png")
+    saved_model = str(tmp_path / "out" / "saved_model")
+    assert len(predict.main([saved_model, str(tmp_path / "image.png"), "--image-size", "48",
+                             "24"])) == 1
+    with pytest.raises(ValueError, match="the model takes images of any size: give "
+                                         "--image-size HEIGHT WIDTH"):
+        predict.main([saved_model, str(tmp_path / "image.png")])
+
+
 def test_export_refuses_to_overwrite(trained, exported):
     folder, _, _ = trained
     out, _ = exported

@@ -2,8 +2,9 @@
 attention rollout, mean attention distance, position-embedding similarity, patch-embedding
 filters, and the few-shot linear evaluation of its representation.
 
-The model's own layers are called in order, so the attention comes from the trained weights
-without a second model.
+The model's own blocks are called in order, so the attention comes from the trained weights
+without a second model; the tools find the ViT inside a bigger model (features.find_vit) and
+take images of any size a dynamic-size model takes.
 """
 
 from __future__ import annotations
@@ -11,37 +12,35 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from vit_keras.layers import AddPositionEmbedding, ClassToken, PatchEmbedding, TransformerBlock
+from vit_keras import configs
+from vit_keras.features import blocks_of, cell_size, find_vit, representation_layer
+from vit_keras.layers import ClassToken, PatchEmbedding
+from vit_keras.position_embeddings import image_grid
 
 
-def _layer(model, kind):
-    found = [layer for layer in model.layers if isinstance(layer, kind)]
-    if not found:
-        raise ValueError(f"model {model.name} has no {kind.__name__} layer")
-    return found[0]
+def _layout(vit: keras.Model, images) -> tuple[tuple[int, int], int, int]:
+    """(token grid of these images, number of prefix tokens, pixels per grid cell)."""
+    stride = cell_size(vit)
+    prefix = 1 if any(isinstance(layer, ClassToken) for layer in vit.layers) else 0
+    return image_grid(images, stride), prefix, stride
 
 
-def _layout(model) -> tuple[tuple[int, int], int, int]:
-    """(token grid, number of prefix tokens, pixels per grid cell: the patch size of a plain
-    ViT, ResNet stride x patch size of a hybrid)."""
-    grid = _layer(model, AddPositionEmbedding).grid_size
-    prefix = 1 if any(isinstance(layer, ClassToken) for layer in model.layers) else 0
-    return grid, prefix, model.input.shape[1] // grid[0]
+def _vit_and_images(model: keras.Model, images):
+    """The ViT in model (features.find_vit) and the images as it sees them."""
+    vit, feeder = find_vit(model)
+    return vit, images if feeder is None else feeder(images, training=False)
 
 
 def attention_maps(model: keras.Model, images) -> list[np.ndarray]:
-    """Attention probabilities of every block, each (batch, heads, tokens, tokens)."""
-    x, maps = images, []
-    for layer in model.layers:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        if isinstance(layer, TransformerBlock):
-            x, probs = layer(x, training=False, return_attention_scores=True)
-            maps.append(keras.ops.convert_to_numpy(probs))
-        elif maps:
-            break  # past the encoder: the norm and the head need no attention
-        else:
-            x = layer(x, training=False)
+    """Attention probabilities of every block, each (batch, heads, tokens, tokens), of the
+    ViT in model (the model itself or one nested in it) on images of any size it takes."""
+    vit, images = _vit_and_images(model, images)
+    blocks = blocks_of(vit)
+    x = keras.Model(vit.input, blocks[0].input)(images, training=False)
+    maps = []
+    for block in blocks:
+        x, probs = block(x, training=False, return_attention_scores=True)
+        maps.append(keras.ops.convert_to_numpy(probs))
     return maps
 
 
@@ -61,8 +60,9 @@ def rollout(maps: list[np.ndarray], num_prefix_tokens: int, grid) -> np.ndarray:
 
 def attention_rollout(model: keras.Model, images) -> np.ndarray:
     """(batch, grid_h, grid_w) rollout maps of the model's attention over the patches."""
-    grid, prefix, _ = _layout(model)
-    return rollout(attention_maps(model, images), prefix, grid)
+    vit, seen = _vit_and_images(model, images)
+    grid, prefix, _ = _layout(vit, seen)
+    return rollout(attention_maps(vit, seen), prefix, grid)
 
 
 def patch_distances(grid, patch_size: int) -> np.ndarray:
@@ -85,15 +85,16 @@ def attention_distance(probs: np.ndarray, grid, patch_size: int,
 
 def mean_attention_distance(model: keras.Model, images) -> np.ndarray:
     """(layers, heads) mean attention distance in pixels (the paper's Figure 7, right)."""
-    grid, prefix, patch = _layout(model)
+    vit, seen = _vit_and_images(model, images)
+    grid, prefix, patch = _layout(vit, seen)
     return np.stack([attention_distance(p, grid, patch, prefix)
-                     for p in attention_maps(model, images)])
+                     for p in attention_maps(vit, seen)])
 
 
 def position_embedding_similarity(model: keras.Model) -> np.ndarray:
     """Cosine similarity of each patch position's embedding with every other's, as
     (grid_h, grid_w, grid_h, grid_w) (the paper's Figure 7, centre)."""
-    layer = _layer(model, AddPositionEmbedding)
+    layer = find_vit(model)[0].get_layer(configs.POSITION_EMBEDDING)
     table = layer.embedding()
     if table is None:
         raise ValueError("the model has no position embedding (posemb='none')")
@@ -105,11 +106,15 @@ def position_embedding_similarity(model: keras.Model) -> np.ndarray:
 def patch_filters(model: keras.Model, n: int = 28) -> np.ndarray:
     """The top-n principal components of the patch-embedding filters E, each a
     (patch, patch, channels) image scaled to [0, 1] (the paper's Figure 7, left)."""
-    kernel = keras.ops.convert_to_numpy(_layer(model, PatchEmbedding).kernel)
+    vit = find_vit(model)[0]
+    embedding = vit.get_layer(configs.EMBEDDING)
+    if not isinstance(embedding, PatchEmbedding):
+        raise ValueError(f"model {vit.name} has no PatchEmbedding layer")
+    kernel = keras.ops.convert_to_numpy(embedding.kernel)
     patch, _, channels, width = kernel.shape
-    if channels != model.input.shape[-1]:
+    if channels != vit.input.shape[-1]:
         raise ValueError(f"the patch embedding sees {channels} ResNet channels, not the image's "
-                         f"{model.input.shape[-1]}: a hybrid's filters are not image patches")
+                         f"{vit.input.shape[-1]}: a hybrid's filters are not image patches")
     filters = kernel.reshape(-1, width).T  # one row per embedding dimension
     filters = filters - filters.mean(axis=0)
     _, _, components = np.linalg.svd(filters, full_matrices=False)
@@ -125,9 +130,7 @@ def patch_filters(model: keras.Model, n: int = 28) -> np.ndarray:
 def representation(model: keras.Model) -> keras.Model:
     """The frozen representation the paper evaluates: pre_logits if present, else the pooled
     token."""
-    names = [layer.name for layer in model.layers]
-    name = "pre_logits" if "pre_logits" in names else "pool"
-    return keras.Model(model.input, model.get_layer(name).output)
+    return keras.Model(model.input, model.get_layer(representation_layer(model)).output)
 
 
 def ridge_solve(features: np.ndarray, targets: np.ndarray, l2: float) -> np.ndarray:

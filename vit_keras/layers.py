@@ -73,7 +73,8 @@ class PatchEmbedding(keras.layers.Layer):
     """Cuts images into patch_size x patch_size patches and projects each one (the paper's E).
 
     One strided convolution, kernel (P, P, C, D) as in the official checkpoints; the output is
-    the flattened grid of patch tokens, (batch, grid_h * grid_w, D).
+    the flattened grid of patch tokens, (batch, grid_h * grid_w, D), for images of the size it
+    was built for, or of any size when built with height and width None.
     """
 
     def __init__(self, patch_size: int, hidden_size: int, **kwargs):
@@ -98,7 +99,8 @@ class PatchEmbedding(keras.layers.Layer):
                 f"got shape {tuple(input_shape)}"
             )
         _, height, width, channels = input_shape
-        self._grid = self.grid_size((height, width))
+        if height is not None and width is not None:
+            self.grid_size((height, width))
         self.kernel = self.add_weight(
             name="kernel",
             shape=(self.patch_size, self.patch_size, channels, self.hidden_size),
@@ -109,9 +111,12 @@ class PatchEmbedding(keras.layers.Layer):
     def call(self, images):
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
         x = x + self.bias
-        return ops.reshape(x, (-1, self._grid[0] * self._grid[1], self.hidden_size))
+        _, grid_h, grid_w, _ = ops.shape(x)
+        return ops.reshape(x, (-1, grid_h * grid_w, self.hidden_size))
 
     def compute_output_shape(self, input_shape):
+        if None in input_shape[1:3]:
+            return (input_shape[0], None, self.hidden_size)
         grid = self.grid_size(tuple(input_shape[1:3]))
         return (input_shape[0], grid[0] * grid[1], self.hidden_size)
 

@@ -41,6 +41,7 @@ def vit(
     qkv_bias: bool = True,
     head_bias_init: float = 0.0,
     channels: int = 3,
+    dynamic_image_size: bool = False,
     name: str | None = None,
 ) -> keras.Model:
     """Builds a Vision Transformer.
@@ -63,6 +64,10 @@ def vit(
     are for weight families after the paper (docs/weights.md).
     weights: a local .npz / .keras / .weights.h5 / PyTorch file, or a pre-trained name such
     as "augreg_in21k" (vit_keras.weights.pretrained), downloaded once into the Keras cache.
+    dynamic_image_size: take images of any height and width that are multiples of the patch
+    size (a hybrid's cell), fitting the position embeddings to each image's grid inside the
+    model (AddPositionEmbedding); image_size is then the size they are learned at, and the
+    outputs at that size are the fixed-size model's (docs/features.md).
     """
     config = get_config(variant)
     _check_arguments(config, image_size, num_classes, classifier, posemb, include_top,
@@ -70,11 +75,12 @@ def vit(
                      attention_dropout_rate=attention_dropout_rate,
                      stochastic_depth_rate=stochastic_depth_rate)
     height, width = as_pair(image_size, "image_size")
-    inputs = keras.Input((height, width, channels), name="images")
+    shape = (None, None) if dynamic_image_size else (height, width)
+    inputs = keras.Input((*shape, channels), name="images")
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
                      "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias}
-    x = _encoder(inputs, config, classifier, posemb, dropout_rate, attention_dropout_rate,
-                 stochastic_depth_rate, block_options)
+    x = _encoder(inputs, (height, width), config, classifier, posemb, dropout_rate,
+                 attention_dropout_rate, stochastic_depth_rate, block_options)
     x = TokenPooling(classifier, dtype="float32", name="pool")(x)
     if representation_size:
         x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
@@ -90,20 +96,24 @@ def vit(
     return model
 
 
-def _encoder(images, config: ViTConfig, classifier, posemb, dropout_rate,
+def _encoder(images, image_size, config: ViTConfig, classifier, posemb, dropout_rate,
              attention_dropout_rate, stochastic_depth_rate, block_options: dict):
-    """Images -> the encoder's normalised tokens (batch, tokens, D); block_options are the
-    TransformerBlock arguments every block shares."""
+    """Images -> the encoder's normalised tokens (batch, tokens, D); image_size is what the
+    position embeddings are built for; block_options are the TransformerBlock arguments
+    every block shares."""
     x = images
     if config.is_hybrid:
         x = resnet_stem(x, config.resnet_layers, config.resnet_width)
     embedding = PatchEmbedding(config.patch_size, config.hidden_size, name=configs.EMBEDDING)
-    grid = embedding.grid_size(tuple(x.shape[1:3]))
+    grid = embedding.grid_size(tuple(side // config.stem_stride for side in image_size))
     x = embedding(x)
     num_prefix = 1 if classifier == "token" else 0
     if num_prefix:
         x = ClassToken(name=configs.CLASS_TOKEN)(x)
-    x = AddPositionEmbedding(grid, num_prefix, posemb, name=configs.POSITION_EMBEDDING)(x)
+    position = AddPositionEmbedding(grid, num_prefix, posemb, stride=config.cell_size,
+                                    name=configs.POSITION_EMBEDDING)
+    dynamic = None in images.shape[1:3]
+    x = position(x, images=images) if dynamic else position(x)
     x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)
     depth = config.num_layers
     for i in range(depth):

@@ -1,8 +1,10 @@
 """Position embeddings E_pos, one record per kind, and the layer that adds them to the tokens.
 
 A kind says which weights it adds to the layer and which (1, tokens, D) table it adds to the
-token sequence; a new kind is one more class registered with @position_embedding("name")
-(docs/contributing.md shows one), and vit(posemb=...) and the apps accept it from then on.
+token sequence for a grid of patches: the grid it was built for, or any other when the model
+takes images of any size (vit(dynamic_image_size=True)). A new kind is one more class
+registered with @position_embedding("name") (docs/contributing.md shows one), and
+vit(posemb=...) and the apps accept it from then on.
 """
 
 from __future__ import annotations
@@ -28,13 +30,43 @@ def position_embedding(name: str):
 
 class PositionEmbedding:
     """One kind: build() adds its weights to an AddPositionEmbedding layer (its grid_size and
-    num_prefix_tokens known), table() returns what is added to the tokens, or None."""
+    num_prefix_tokens known), table() returns what is added to the tokens for a grid (ints, or
+    tensors inside a graph of unknown image size), or None."""
 
     def build(self, layer: AddPositionEmbedding, width: int) -> None:
         pass
 
-    def table(self, layer: AddPositionEmbedding):
+    def table(self, layer: AddPositionEmbedding, grid):
         return None
+
+
+def is_built_grid(layer: AddPositionEmbedding, grid) -> bool:
+    """Whether grid is known, as ints, to be the one the layer was built for."""
+    return all(isinstance(side, int) for side in grid) and tuple(grid) == layer.grid_size
+
+
+def resampling_matrix(old: int, new, method: str):
+    """(new, old) weights of linear interpolation from old positions to new ones: "zoom"
+    aligns the corners as scipy.ndimage.zoom(order=1) does (the official algorithm),
+    "bilinear" the pixel centres as timm does. The same arithmetic as
+    vit_keras.weights.resample.resample_grid, in keras.ops, so that it runs inside a model."""
+    positions = ops.cast(ops.arange(new), "float32")
+    new = ops.cast(new, "float32")
+    if method == "zoom":
+        source = positions * ((old - 1) / ops.maximum(new - 1, 1))
+    else:
+        source = (positions + 0.5) * (old / new) - 0.5
+    source = ops.clip(source, 0, old - 1)
+    low = ops.floor(source)
+    fraction = (source - low)[:, None]
+    low = ops.cast(low, "int32")
+    high = ops.minimum(low + 1, old - 1)
+    return ops.one_hot(low, old) * (1 - fraction) + ops.one_hot(high, old) * fraction
+
+
+def resample_axis(table, new, method: str):
+    """(old, width) embeddings of one axis -> (new, width)."""
+    return ops.matmul(resampling_matrix(table.shape[0], new, method), table)
 
 
 def _normal_init():
@@ -49,8 +81,17 @@ class Learned(PositionEmbedding):
         layer.pos_embedding = layer.add_weight(
             name="pos_embedding", shape=(1, layer.num_tokens, width), initializer=_normal_init())
 
-    def table(self, layer):
-        return layer.pos_embedding
+    def table(self, layer, grid):
+        if is_built_grid(layer, grid):
+            return layer.pos_embedding
+        prefix = layer.num_prefix_tokens
+        width = layer.pos_embedding.shape[-1]
+        patches = ops.reshape(layer.pos_embedding[0, prefix:], (*layer.grid_size, width))
+        rows, cols = (resampling_matrix(old, new, layer.resample)
+                      for old, new in zip(layer.grid_size, grid, strict=True))
+        patches = ops.einsum("ia,abd,jb->ijd", rows, patches, cols)
+        return ops.concatenate([layer.pos_embedding[:, :prefix],
+                                ops.reshape(patches, (1, -1, width))], axis=1)
 
 
 @position_embedding("learned2d")
@@ -72,29 +113,45 @@ class Learned2D(PositionEmbedding):
                 name="prefix_embedding", shape=(layer.num_prefix_tokens, width),
                 initializer=_normal_init())
 
-    def table(self, layer):
-        rows, cols = layer.grid_size
-        row = ops.repeat(layer.row_embedding[:, None, :], cols, axis=1)
-        col = ops.repeat(layer.col_embedding[None, :, :], rows, axis=0)
-        grid = ops.reshape(ops.concatenate([row, col], axis=-1), (rows * cols, -1))
+    def table(self, layer, grid):
+        row, col = layer.row_embedding, layer.col_embedding
+        if not is_built_grid(layer, grid):
+            row = resample_axis(row, grid[0], layer.resample)
+            col = resample_axis(col, grid[1], layer.resample)
+        shape = (grid[0], grid[1], row.shape[-1])
+        table = ops.concatenate([ops.broadcast_to(row[:, None, :], shape),
+                                 ops.broadcast_to(col[None, :, :], shape)], axis=-1)
+        table = ops.reshape(table, (-1, 2 * row.shape[-1]))
         if layer.num_prefix_tokens:
-            grid = ops.concatenate([layer.prefix_embedding, grid], axis=0)
-        return grid[None]
+            table = ops.concatenate([layer.prefix_embedding, table], axis=0)
+        return table[None]
 
 
-def sincos2d_table(grid_size, width: int, temperature: float = 10_000.0) -> np.ndarray:
-    """Fixed 2-D sine-cosine embedding of a grid, [sin x, cos x, sin y, cos y] (MoCo v3)."""
+def sincos2d_frequencies(width: int, temperature: float = 10_000.0) -> np.ndarray:
     if width % 4:
         raise ValueError(f"sincos2d position embedding needs hidden_size divisible by 4, "
                          f"got {width}")
+    omega = np.arange(width // 4) / max(width // 4 - 1, 1)
+    return 1.0 / temperature**omega
+
+
+def sincos2d_table(grid_size, width: int) -> np.ndarray:
+    """Fixed 2-D sine-cosine embedding of a grid, [sin x, cos x, sin y, cos y] (MoCo v3)."""
     height, grid_width = grid_size
     y, x = np.mgrid[:height, :grid_width]
-    omega = np.arange(width // 4) / max(width // 4 - 1, 1)
-    omega = 1.0 / temperature**omega
+    omega = sincos2d_frequencies(width)
     y = np.einsum("m,d->md", y.flatten(), omega)
     x = np.einsum("m,d->md", x.flatten(), omega)
     table = np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)
     return table.astype("float32")
+
+
+def sincos2d_ops(grid, width: int):
+    """sincos2d_table for a grid known only when the model runs, in float32."""
+    omega = ops.convert_to_tensor(sincos2d_frequencies(width).astype("float32"))
+    y, x = ops.meshgrid(ops.arange(grid[0]), ops.arange(grid[1]), indexing="ij")
+    y, x = (ops.cast(ops.reshape(axis, (-1, 1)), "float32") * omega for axis in (y, x))
+    return ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
 
 
 @position_embedding("sincos2d")
@@ -105,8 +162,12 @@ class SinCos2D(PositionEmbedding):
         prefix = np.zeros((layer.num_prefix_tokens, width), "float32")
         layer.fixed_table = np.concatenate([prefix, sincos2d_table(layer.grid_size, width)])[None]
 
-    def table(self, layer):
-        return ops.convert_to_tensor(layer.fixed_table)
+    def table(self, layer, grid):
+        if is_built_grid(layer, grid):
+            return ops.convert_to_tensor(layer.fixed_table)
+        table = sincos2d_ops(grid, layer.fixed_table.shape[-1])
+        prefix = ops.zeros((layer.num_prefix_tokens, layer.fixed_table.shape[-1]))
+        return ops.concatenate([prefix, table], axis=0)[None]
 
 
 @position_embedding("none")
@@ -114,17 +175,41 @@ class NoPositionEmbedding(PositionEmbedding):
     """No position information at all (the paper's ablation)."""
 
 
+RESAMPLING_METHODS = ("zoom", "bilinear")
+
+
+def image_grid(images, stride: int):
+    """The grid of tokens of images (batch, height, width, channels) cut into stride-pixel
+    cells; tensors where the graph does not know the image size."""
+    height, width = ops.shape(images)[1:3]
+    if any(isinstance(side, int) and side % stride for side in (height, width)):
+        raise ValueError(f"images of {height}x{width} pixels do not divide into the model's "
+                         f"{stride}x{stride}-pixel patches: expected multiples of {stride}")
+    return height // stride, width // stride
+
+
 @keras.saving.register_keras_serializable(package="vit_keras")
 class AddPositionEmbedding(keras.layers.Layer):
     """Adds position embeddings E_pos of the given kind (POSITION_EMBEDDINGS) to the tokens:
-    num_prefix_tokens (the class token) followed by a grid_size grid of patches."""
+    num_prefix_tokens (the class token) followed by a grid_size grid of patches.
 
-    def __init__(self, grid_size, num_prefix_tokens: int = 1, kind: str = "learned", **kwargs):
+    call(tokens, images=...) fits the table to the images' grid instead (images of
+    stride-pixel cells): learned tables resampled by `resample` (RESAMPLING_METHODS),
+    sincos2d computed for that grid. At grid_size the table is the built one, unchanged.
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens: int = 1, kind: str = "learned",
+                 stride: int | None = None, resample: str = "zoom", **kwargs):
         super().__init__(**kwargs)
         check_position_embedding(kind)
+        if resample not in RESAMPLING_METHODS:
+            raise ValueError(f"unknown resampling method {resample!r}: expected one of "
+                             f"{', '.join(RESAMPLING_METHODS)}")
         self.grid_size = as_pair(grid_size, "grid_size")
         self.num_prefix_tokens = num_prefix_tokens
         self.kind = kind
+        self.stride = stride
+        self.resample = resample
 
     @property
     def num_tokens(self) -> int:
@@ -139,12 +224,16 @@ class AddPositionEmbedding(keras.layers.Layer):
             )
         POSITION_EMBEDDINGS[self.kind].build(self, input_shape[-1])
 
-    def embedding(self):
-        """The (1, tokens, D) table that call() adds; None for a kind that adds nothing."""
-        return POSITION_EMBEDDINGS[self.kind].table(self)
+    def embedding(self, grid=None):
+        """The (1, tokens, D) table that call() adds for grid (default: grid_size); None for
+        a kind that adds nothing."""
+        return POSITION_EMBEDDINGS[self.kind].table(self, grid or self.grid_size)
 
-    def call(self, tokens):
-        table = self.embedding()
+    def call(self, tokens, images=None):
+        if images is not None and self.stride is None:
+            raise ValueError("AddPositionEmbedding needs its stride (pixels per grid cell) to "
+                             "fit the table to images")
+        table = self.embedding(None if images is None else image_grid(images, self.stride))
         if table is None:
             return tokens
         return tokens + ops.cast(table, tokens.dtype)
@@ -157,7 +246,8 @@ class AddPositionEmbedding(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "grid_size": self.grid_size,
-                "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind}
+                "num_prefix_tokens": self.num_prefix_tokens, "kind": self.kind,
+                "stride": self.stride, "resample": self.resample}
 
 
 def check_position_embedding(kind: str) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 from vit_keras.export.formats import FORMATS, ExportFormat, tflite_bytes
 from vit_keras.export.runtimes import Predictor
 from vit_keras.export.serving import ClassTokenFolded, serving_model
+from vit_keras.features import built_image_size
 
 __all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationError",
            "Predictor", "export_all", "serving_model", "tflite_bytes", "verify"]
@@ -83,14 +84,18 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
     saved_model_dir = os.path.join(out_dir, FORMATS["saved_model"].file_name)
     serving.export(saved_model_dir, format="tf_saved_model", verbose=False)
     report = {"model": model.name, "input_shape": list(model.input.shape[1:]), "formats": {}}
+    fixed = _fixed_size_serving(model, serving, saved_model_dir, out_dir, report)
     for name in formats:
         export_format = FORMATS[name]
         path = os.path.join(out_dir, export_format.file_name)
-        export_format.write(serving, saved_model_dir, path, representative)
+        source = (serving, saved_model_dir) if name == "saved_model" else fixed
+        export_format.write(*source, path, representative)
         tolerance = (tolerances or {}).get(name, export_format.tolerance)
         report["formats"][name] = verify(path, sample_images, reference, tolerance)
     if "saved_model" not in formats:
         shutil.rmtree(saved_model_dir)
+    if fixed[1] != saved_model_dir:
+        shutil.rmtree(fixed[1])
     _write_side_files(out_dir, report, labels)
     failed = [k for k, r in report["formats"].items() if not r["passed"]]
     if failed:
@@ -98,6 +103,19 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
             f"exports past their tolerance: {', '.join(failed)} (see "
             f"{os.path.join(out_dir, 'export_report.json')})")
     return report
+
+
+def _fixed_size_serving(model, serving, saved_model_dir, out_dir, report):
+    """(serving model, its SavedModel folder) for the formats of one image size (TFLite,
+    ONNX): a model that takes any size is served at the size it was built for."""
+    if None not in model.input.shape[1:3]:
+        return serving, saved_model_dir
+    image_size = built_image_size(model)
+    report["fixed_size_formats_input_shape"] = [*image_size, model.input.shape[-1]]
+    fixed = serving_model(model, fold_class_token=True, image_size=image_size)
+    fixed_dir = os.path.join(out_dir, "fixed_size_saved_model")
+    fixed.export(fixed_dir, format="tf_saved_model", verbose=False)
+    return fixed, fixed_dir
 
 
 def _fresh_folder(out_dir: str, overwrite: bool) -> None:

@@ -99,8 +99,15 @@ class Predictor:
 
     def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
         images = np.asarray(images)
-        if images.dtype != np.uint8 or tuple(images.shape[1:]) != self.input_shape:
-            raise ValueError(f"{self.path}: expected uint8 images of shape (batch, "
-                             f"{', '.join(map(str, self.input_shape))}), got {images.dtype} "
-                             f"{images.shape}")
+        if images.dtype != np.uint8 or not self.takes(images.shape[1:]):
+            sides = ", ".join("any" if side is None else str(side) for side in self.input_shape)
+            raise ValueError(f"{self.path}: expected uint8 images of shape (batch, {sides}), "
+                             f"got {images.dtype} {images.shape}")
         return self._runtime(images)
+
+    def takes(self, shape) -> bool:
+        """Whether images of shape (height, width, channels) fit the input; None, in a file
+        of a dynamic-size model, takes any size."""
+        return len(shape) == len(self.input_shape) and all(
+            expected in (None, side)
+            for expected, side in zip(self.input_shape, shape, strict=True))

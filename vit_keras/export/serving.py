@@ -7,18 +7,24 @@ import itertools
 import keras
 
 from vit_keras import configs
+from vit_keras.features import built_image_size
 from vit_keras.preprocessing import unit_range
 
 
-def serving_model(model: keras.Model, fold_class_token: bool = False) -> keras.Model:
+def serving_model(model: keras.Model, fold_class_token: bool = False,
+                  image_size: tuple[int, int] | None = None) -> keras.Model:
     """uint8 images -> {"logits", "probabilities"}: the model with its preprocessing inside.
 
     fold_class_token: compute block 0's class-token rows at export (ClassTokenFolded), where
     the model has them; the function is unchanged.
+    image_size: the fixed (height, width) a model of dynamic image size is served at (None:
+    the model's own input, of any size for such a model).
     """
-    images = keras.Input(model.input.shape[1:], dtype="uint8", name="images")
+    shape = model.input.shape[1:] if image_size is None else (*image_size,
+                                                               model.input.shape[-1])
+    images = keras.Input(shape, dtype="uint8", name="images")
     scaled = unit_range(name="to_unit_range")(images)
-    if fold_class_token and ClassTokenFolded.applies_to(model):
+    if fold_class_token and ClassTokenFolded.applies_to(model, shape[:2]):
         model = ClassTokenFolded(model)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits")(model(scaled))
     probabilities = keras.layers.Softmax(dtype="float32", name="probabilities")(logits)
@@ -51,12 +57,16 @@ class ClassTokenFolded(keras.Model):
         self.rest = model.layers[model.layers.index(self.block) + 1:]
 
     @classmethod
-    def applies_to(cls, model: keras.Model) -> bool:
-        """vit()'s chain with a class token: cls, position embedding, blocks, ..., output."""
+    def applies_to(cls, model: keras.Model, image_size=None) -> bool:
+        """vit()'s chain with a class token: cls, position embedding, blocks, ..., output;
+        at the image size its position embedding is built for (image_size, default the
+        model's input size)."""
         names = [layer.name for layer in model.layers]
         first_block = configs.block_name(0)
         if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING,
                 first_block} <= set(names):
+            return False
+        if tuple(image_size or model.input.shape[1:3]) != built_image_size(model):
             return False
         rest = model.layers[names.index(first_block):]
         chained = all(len(later._inbound_nodes) == 1 and

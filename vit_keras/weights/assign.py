@@ -15,9 +15,12 @@ import keras
 import numpy as np
 
 from vit_keras import configs
-from vit_keras.weights.resample import adapt_posemb
+from vit_keras.weights.resample import adapt_posemb, resample_grid
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
+# learned2d's tables: one axis each, (rows or columns, D/2).
+AXIS_POSEMB_KEYS = ("Transformer/posembed_input/row_embedding",
+                    "Transformer/posembed_input/col_embedding")
 HEAD_KEYS = ("head/kernel", "head/bias")
 BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/")
 # Parts that only some models have, by vk.vit() option: (key pattern, what the part is, the
@@ -126,6 +129,9 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
             value, note = _fit_posemb(model, value, ckpt_prefix, resample)
             if note:
                 report.resampled[key] = note
+        if key in AXIS_POSEMB_KEYS and value.shape[0] != expected[0]:
+            report.resampled[key] = f"{value.shape[0]} -> {expected[0]} positions ({resample})"
+            value = resample_grid(value[:, None], (expected[0], 1), resample)[:, 0]
         if tuple(value.shape) != expected:
             raise ValueError(f"{source}: shape mismatch for {key!r}: the model expects "
                              f"{expected}, the checkpoint has {tuple(value.shape)}")

@@ -7,16 +7,18 @@ import os
 import keras
 
 from vit_keras.weights import pretrained
-from vit_keras.weights.assign import LoadReport
-from vit_keras.weights.npz import load_npz, save_npz
+from vit_keras.weights.assign import LoadReport, load_params
+from vit_keras.weights.npz import load_npz, model_params, save_npz
 from vit_keras.weights.pytorch import TORCH_SUFFIXES, load_pytorch_weights
 
 
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
     """Loads `weights` into `model`, choosing the reader by the file name: official .npz,
     .keras, .weights.h5, or timm / Hugging Face weights (.safetensors, .pth, .pt, .bin). A
-    pre-trained name (vit_keras.weights.pretrained) is fetched first for `variant`. Returns
-    what the foreign-layout readers report, None for Keras' own files."""
+    pre-trained name (vit_keras.weights.pretrained) is fetched first for `variant`. A .keras
+    model's weights load by name, as an .npz file's do, so its position embeddings are
+    resampled for a model of another image size. Returns what the readers report, None for
+    .weights.h5 files."""
     path = os.fspath(pretrained.resolve(weights, variant))
     if not os.path.exists(path):
         raise FileNotFoundError(f"weights file {path!r} does not exist")
@@ -24,7 +26,7 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
         model.load_weights(path)
     elif path.endswith(".keras"):
         saved = keras.saving.load_model(path, compile=False, safe_mode=True)
-        model.set_weights(saved.get_weights())
+        return load_params(model, model_params(saved), path, "Keras model (.keras)")
     elif path.endswith(".npz"):
         return load_npz(model, path)
     elif path.endswith(TORCH_SUFFIXES):

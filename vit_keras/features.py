@@ -1,0 +1,163 @@
+"""What a ViT computes on the way to its output, as a functional Keras model that serialises
+and exports: the tokens of any blocks, patch tokens as (batch, grid_h, grid_w, D) maps with the
+prefix tokens apart, and the pooled representation (timm's forward_intermediates), for
+detection, segmentation, retrieval and probing. Also finds the ViT inside a bigger model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import keras
+from keras import ops
+
+from vit_keras import configs
+from vit_keras.layers import TransformerBlock
+from vit_keras.position_embeddings import AddPositionEmbedding, image_grid
+
+POOLED = "pooled"
+
+
+def is_vit(model: keras.Model) -> bool:
+    return any(isinstance(layer, AddPositionEmbedding) for layer in model.layers)
+
+
+def find_vit(model: keras.Model) -> tuple[keras.Model, keras.Model | None]:
+    """The ViT in model (model itself, or a ViT nested as a layer of it, at any depth) and a
+    model from model's inputs to the ViT's images (None when model is the ViT)."""
+    if is_vit(model):
+        return model, None
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            try:
+                vit, inner = find_vit(layer)
+            except ValueError:
+                continue
+            feeder = _feeder(model, layer)
+            if inner is not None:
+                feeder = keras.Model(feeder.input, inner(feeder.output))
+            return vit, feeder
+    raise ValueError(f"model {model.name!r} has no ViT in it (no AddPositionEmbedding layer in "
+                     "it or in any model among its layers)")
+
+
+def _feeder(model: keras.Model, layer: keras.Model) -> keras.Model:
+    """model's inputs -> what model passes to layer."""
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    for node in layer._inbound_nodes:
+        try:
+            return keras.Model(inputs, node.input_tensors[0])
+        except ValueError:
+            continue
+    raise ValueError(f"model {model.name!r} does not call {layer.name!r} on its inputs")
+
+
+def cell_size(vit: keras.Model) -> int:
+    """Pixels per token along each side: the patch size of a plain ViT, ResNet stride x patch
+    size of a hybrid."""
+    layer = vit.get_layer(configs.POSITION_EMBEDDING)
+    return layer.stride or vit.input.shape[1] // layer.grid_size[0]
+
+
+def built_image_size(vit: keras.Model) -> tuple[int, int]:
+    """The image size the ViT's position embedding is built for: its input size, unless it
+    takes any size."""
+    if None not in vit.input.shape[1:3]:
+        return tuple(vit.input.shape[1:3])
+    layer = vit.get_layer(configs.POSITION_EMBEDDING)
+    return tuple(side * layer.stride for side in layer.grid_size)
+
+
+def blocks_of(vit: keras.Model) -> list[TransformerBlock]:
+    return [layer for layer in vit.layers if isinstance(layer, TransformerBlock)]
+
+
+def block_indices(blocks: int | Sequence[int], depth: int) -> list[int]:
+    """blocks: n for the last n blocks, or indices (negative ones count from the end)."""
+    if isinstance(blocks, int):
+        if not 1 <= blocks <= depth:
+            raise ValueError(f"blocks={blocks}: expected 1 to {depth} (the model's blocks) or a "
+                             "list of block indices")
+        return list(range(depth - blocks, depth))
+    indices = []
+    for index in blocks:
+        if not -depth <= index < depth:
+            raise ValueError(f"block index {index} is out of range for a model of {depth} "
+                             f"blocks: expected {-depth} to {depth - 1}")
+        indices.append(index % depth)
+    return indices
+
+
+@keras.saving.register_keras_serializable(package="vit_keras")
+class PatchTokens(keras.layers.Layer):
+    """Splits tokens (batch, prefix + patches, D) into the prefix tokens (batch, prefix, D) and
+    the patch tokens, as a (batch, grid_h, grid_w, D) map when spatial; the grid is the
+    images' size over stride, so it follows the input of a dynamic-size model."""
+
+    def __init__(self, num_prefix_tokens: int, stride: int, spatial: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.stride = stride
+        self.spatial = spatial
+
+    def call(self, tokens, images):
+        prefix, patches = tokens[:, :self.num_prefix_tokens], tokens[:, self.num_prefix_tokens:]
+        if self.spatial:
+            patches = ops.reshape(patches, (-1, *image_grid(images, self.stride),
+                                            tokens.shape[-1]))
+        return prefix, patches
+
+    def compute_output_shape(self, tokens_shape, images_shape):
+        batch, _, width = tokens_shape
+        if self.spatial:
+            grid = tuple(None if side is None else side // self.stride
+                         for side in images_shape[1:3])
+            patches = (batch, *grid, width)
+        else:
+            patches = (batch, None if tokens_shape[1] is None
+                       else tokens_shape[1] - self.num_prefix_tokens, width)
+        return (batch, self.num_prefix_tokens, width), patches
+
+    def get_config(self):
+        return {**super().get_config(), "num_prefix_tokens": self.num_prefix_tokens,
+                "stride": self.stride, "spatial": self.spatial}
+
+
+def feature_extractor(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = False,
+                      spatial: bool = True, prefix_tokens: bool = False, pooled: bool = False,
+                      name: str | None = None) -> keras.Model:
+    """A keras.Model from model's inputs to a dict of features of the ViT in it (find_vit):
+
+    "block{i}": block i's patch tokens, (batch, grid_h, grid_w, D) if spatial, else
+    (batch, patches, D); "block{i}_prefix": its prefix tokens (batch, prefix, D), with
+    prefix_tokens=True on a model that has them; "pooled": the representation the head
+    reads (pre_logits, else the pooled tokens), with pooled=True.
+    blocks: n for the last n blocks, or block indices (negative ones count from the end).
+    norm: pass each block's tokens through the encoder's final LayerNorm, as its last
+    block's are before pooling.
+    """
+    vit, feeder = find_vit(model)
+    indices = block_indices(blocks, len(blocks_of(vit)))
+    layout = vit.get_layer(configs.POSITION_EMBEDDING)
+    split = PatchTokens(layout.num_prefix_tokens, cell_size(vit), spatial,
+                        name="spatial_tokens" if spatial else "patch_tokens")
+    outputs = {}
+    for index in indices:
+        tokens = vit.get_layer(configs.block_name(index)).output
+        if norm:
+            tokens = vit.get_layer(configs.ENCODER_NORM)(tokens)
+        prefix, outputs[f"block{index}"] = split(tokens, images=vit.input)
+        if prefix_tokens and layout.num_prefix_tokens:
+            outputs[f"block{index}_prefix"] = prefix
+    if pooled:
+        outputs[POOLED] = vit.get_layer(representation_layer(vit)).output
+    features = keras.Model(vit.input, outputs, name=name or f"{vit.name}_features")
+    if feeder is None:
+        return features
+    return keras.Model(feeder.input, features(feeder.output), name=features.name)
+
+
+def representation_layer(vit: keras.Model) -> str:
+    """The layer whose output the head reads: pre_logits if present, else the pooling."""
+    names = [layer.name for layer in vit.layers]
+    return configs.PRE_LOGITS if configs.PRE_LOGITS in names else "pool"

@@ -8,6 +8,7 @@ from . import common
 
 APPS = {"train": "train a ViT with a recipe and evaluate it (the main job without flags)",
         "finetune": "fine-tune a pre-trained checkpoint with the paper's recipe",
+        "pretrain": "self-supervised pre-training by masked patch prediction (no labels)",
         "evaluate": "top-1, top-5, per-class accuracy and a confusion matrix",
         "predict": "top-k labels for image files, from a .keras model or any export",
         "export": "SavedModel, TFLite and ONNX, each verified against the Keras model",

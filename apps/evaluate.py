@@ -7,7 +7,7 @@ python -m apps.evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist 
 import json
 import os
 
-from vit_keras import data, evaluation, features
+from vit_keras import data, evaluation, intermediates
 
 from .common import add_data_arguments, app_parser, load_model, positive_int, run
 
@@ -31,7 +31,7 @@ def main(argv=None):
     dataset, names = data.load_source(args.dataset, args.split, args.folder, args.data_dir)
     num_classes = model.outputs[0].shape[-1]
     names = names or [str(i) for i in range(num_classes)]
-    batches = data.make_pipeline(dataset, image_size=features.built_image_size(model),
+    batches = data.make_pipeline(dataset, image_size=intermediates.built_image_size(model),
                                  num_classes=num_classes, batch_size=args.batch_size,
                                  training=False, channels=model.input.shape[-1])
     report = evaluation.classification_report(*evaluation.predict_labels(model, batches), names)

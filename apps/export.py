@@ -12,7 +12,7 @@ import sys
 
 import keras
 
-from vit_keras import data, export
+from vit_keras import data, export, intermediates
 from vit_keras.export.formats import FORMATS
 
 from .common import add_data_arguments, app_parser, load_model, positive_int, run
@@ -64,8 +64,8 @@ def images_for(source: dict, model, split: str, count: int):
     if names and len(names) != classes:
         raise ValueError(f"the data has {len(names)} classes but the model has {classes}: "
                          "pass the --dataset or --folder it was trained on")
-    return data.sample_images(dataset, tuple(model.input.shape[1:3]), model.input.shape[-1],
-                              count)
+    return data.sample_images(dataset, intermediates.built_image_size(model),
+                              model.input.shape[-1], count)
 
 
 def export_under_tensorflow(argv) -> None:

@@ -11,7 +11,7 @@ import os
 import matplotlib
 import numpy as np
 
-from vit_keras import analysis, data, features
+from vit_keras import analysis, data, intermediates
 from vit_keras.preprocessing import preprocess
 
 from .common import add_data_arguments, app_parser, load_model, positive_int, run
@@ -102,7 +102,7 @@ def output_folder(args) -> str:
 
 def input_pixels(args, model):
     """(images to draw, images for the attention distance), uint8 at the model's size."""
-    size, channels = features.built_image_size(model), model.input.shape[-1]
+    size, channels = intermediates.built_image_size(model), model.input.shape[-1]
     if args.images:
         pixels = data.load_image_files(args.images, size, channels)
         return pixels, pixels

@@ -13,6 +13,7 @@ import numpy as np
 
 from vit_keras import data
 from vit_keras.export import Predictor
+from vit_keras.export.runtimes import sides_text
 
 from .common import app_parser, positive_int, run
 
@@ -31,10 +32,6 @@ def image_paths(inputs) -> list[str]:
     if not paths:
         raise ValueError("no image files given")
     return paths
-
-
-def size_text(size) -> str:
-    return "x".join("any" if side is None else str(side) for side in size)
 
 
 def read_labels(path, count):
@@ -64,8 +61,8 @@ def main(argv=None):
     if args.image_size is None and None in size:
         raise ValueError("the model takes images of any size: give --image-size HEIGHT WIDTH")
     if args.image_size is not None and not model.takes((*args.image_size, channels)):
-        raise ValueError(f"--image-size: the model takes images of {size_text(size)} pixels, "
-                         f"got {size_text(args.image_size)}")
+        raise ValueError(f"--image-size: the model takes images of ({sides_text(size)}) "
+                         f"pixels, got ({sides_text(args.image_size)})")
     size = args.image_size or size
     pixels = data.load_image_files(paths, tuple(size), channels)
     probabilities = model(pixels)["probabilities"]

@@ -119,7 +119,7 @@ def recipe_from_arguments(args) -> training.Recipe:
     return recipe
 
 
-def _count(dataset) -> int:
+def count_examples(dataset) -> int:
     known = int(dataset.cardinality())
     return known if known >= 0 else sum(1 for _ in dataset)
 
@@ -198,7 +198,7 @@ def run_training(args) -> dict:
     recipe = recipe_from_arguments(args)
     run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
     train, evaluation, names = load_sources(args)
-    count = _count(train)
+    count = count_examples(train)
     num_classes = len(names) or args.num_classes
     keras.config.set_dtype_policy(args.precision)
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)

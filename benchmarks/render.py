@@ -103,6 +103,39 @@ def revisions_block(folder: str = "revisions") -> str:
                    "after/before", "spread"], rows)
             + f"\n\nRevisions compared: {compared}. Machine: {machines}.")
 
+def masked_patch_block() -> str:
+    report = _json("paper/masked_patch.json")
+    pre, tuned, scratch = (report[k] for k in ("pretrain", "pretrain_then_finetune", "scratch"))
+    minutes = [(pre["fit_seconds"] + tuned["fit_seconds"]) / 60, scratch["fit_seconds"] / 60]
+    runs = table(["run", "epochs", "minutes in model.fit", "test accuracy"], [
+        ["masked patch pre-training, then fine-tuning", f"{pre['epochs']} + {tuned['epochs']}",
+         f"{minutes[0]:.1f}", f"{tuned['test_accuracy']:.2%}"],
+        ["from scratch", str(scratch["epochs"]), f"{minutes[1]:.1f}",
+         f"{scratch['test_accuracy']:.2%}"]])
+    probes = report["probes"]
+    shots = list(next(iter(probes.values()))["few_shot"])
+    probe_rows = [[name.replace("_", " "), *(f"{p['few_shot'][k]:.2%}" for k in shots),
+                   f"{p['linear_probe']:.2%}"] for name, p in probes.items()]
+    count = next(iter(probes.values()))["probe_train_images"]
+    return (f"{machine_line(report['machine'])}, {report['backend']} backend. The corrupted "
+            f"patches' mean intensity was predicted with {pre['accuracy']:.1%} accuracy at "
+            f"the end of pre-training.\n\n" + runs
+            + f"\n\nThe frozen representation (the pooled tokens), probed on the 10,000 test "
+            f"images: few-shot accuracy by training examples per class, and a linear probe on "
+            f"{count:,} training images:\n\n"
+            + table(["backbone", *(f"{k}-shot" for k in shots), "linear probe"], probe_rows))
+
+
+def resolution_block() -> str:
+    report = _json("paper/resolution.json")
+    rows = [[size, str(run["epochs"]), f"{run['fit_seconds'] / 60:.1f}",
+             f"{run['test_accuracy']:.2%}"] for size, run in report["runs"].items()]
+    return (f"{machine_line(report['machine'])}, {report['backend']} backend; recipe "
+            f"`{report['recipe']}` at peak learning rate {report['learning_rate']}, from "
+            f"`{report['model']}`:\n\n"
+            + table(["fine-tuned at", "epochs", "minutes in model.fit", "test accuracy"], rows))
+
+
 def finetune_memory_block() -> str:
     rows = [[r["backend"], f"{r['variant']}, {r['batch']}", r["setting"],
              f"{r['trainable_parameters']:,}", f"{r['model_mib']:,}", f"{r['peak_mib']:,}",
@@ -129,6 +162,7 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "revisions": revisions_block,
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
+          "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
           "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),

@@ -164,6 +164,44 @@ def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
     assert (tmp_path / "run" / "labels.txt").read_text().split() == ["cat", "dog"]
 
 
+def test_finetune_takes_a_keras_model_to_a_higher_resolution_in_one_command(tmp_path, capsys):
+    import vit_keras as vk
+    from apps import finetune
+
+    model = vk.vit(TINY, image_size=32, num_classes=2, classifier="gap", posemb="learned2d")
+    model.save(tmp_path / "trained.keras")
+    write_images(tmp_path / "images", 8, 48, seed=6)
+    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    result = finetune.main([str(tmp_path / "trained.keras"), *shape, "--classifier", "gap",
+                            "--posemb", "learned2d", "--image-size", "48", "--folder",
+                            str(tmp_path / "images"), "--epochs", "1", "--batch-size", "4",
+                            "--run-dir", str(tmp_path / "run")])
+    assert result["epochs"] == 1
+    printed = capsys.readouterr().out
+    for axis in ("row", "col"):
+        assert (f"resampled Transformer/posembed_input/{axis}_embedding: 4 -> 6 positions "
+                "(zoom)") in printed
+
+
+def test_pretrain_by_masked_patches_then_finetune_the_backbone(tmp_path):
+    import json
+
+    from apps import finetune, pretrain
+
+    write_images(tmp_path / "images", 8, 32, seed=7)
+    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    folder = ["--folder", str(tmp_path / "images")]
+    result = pretrain.main([*shape, *folder, "--image-size", "32", "--epochs", "2",
+                            "--batch-size", "4", "--target", "downsized",
+                            "--run-dir", str(tmp_path / "pre")])
+    assert result["epochs"] == 2 and result["color_channels"] == 3 and result["loss"] > 0
+    assert json.loads((tmp_path / "pre" / "result.json").read_text()) == result
+    tuned = finetune.main([result["backbone"], *shape, *folder, "--image-size", "48",
+                           "--eval-folder", str(tmp_path / "images"), "--epochs", "1",
+                           "--batch-size", "4", "--run-dir", str(tmp_path / "tuned")])
+    assert 0.0 <= tuned["test_accuracy"] <= 1.0
+
+
 def test_committed_main_job_model_loads_after_importing_vit_keras_alone():
     import subprocess
     import sys

@@ -374,3 +374,27 @@ def test_every_family_by_name_matches_timms_own_architecture():
     for name, result in results.items():
         assert result["max_abs_diff"] <= 1e-5, (name, result)
         assert result["max_abs_output"] > 0.1, (name, result)
+
+
+def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
+    from benchmarks import masked_patch
+
+    report = masked_patch.main(["--pretrain-epochs", "1", "--finetune-epochs", "1",
+                                "--limit", "600", "--out", str(tmp_path),
+                                "--json", str(tmp_path / "report.json")])
+    assert json.loads((tmp_path / "report.json").read_text())["backend"] == report["backend"]
+    assert report["pretrain"]["target"] == "mean_color"
+    assert report["pretrain"]["color_channels"] == 1  # Fashion-MNIST is grayscale
+    assert report["pretrain_then_finetune"]["epochs"] == 1 and report["scratch"]["epochs"] == 2
+    for probe in report["probes"].values():
+        assert list(probe["few_shot"]) == ["1", "5", "10", "25"]
+        assert 0.0 <= probe["linear_probe"] <= 1.0 and probe["probe_train_images"] == 600
+
+
+def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
+    from benchmarks import resolution
+
+    report = resolution.main(["--model", str(ROOT / "docs" / "mainjob" / "model.keras"),
+                              "--image-size", "40", "--limit", "256", "--out", str(tmp_path)])
+    assert report["token_ratio"] == round(100 / 49, 3)
+    assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2

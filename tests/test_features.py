@@ -1,5 +1,5 @@
 """Images of any size (vit(dynamic_image_size=True)) and features from any block
-(vit_keras.features), against fixed-size models and the NumPy reference."""
+(vit_keras.intermediates), against fixed-size models and the NumPy reference."""
 
 import keras
 import numpy as np
@@ -9,7 +9,7 @@ import tensorflow as tf
 import vit_keras as vk
 from tests import numpy_vit
 from tests.conftest import TINY, checkpoint_params, images, randomize
-from vit_keras.features import feature_extractor
+from vit_keras.intermediates import features
 from vit_keras.position_embeddings import resampling_matrix
 from vit_keras.weights.resample import resample_grid
 
@@ -106,11 +106,11 @@ def test_fit_takes_batches_of_two_sizes_and_trains_through_the_resampling():
 # --------------------------------------------------------------------------- features
 
 
-def reference_blocks(model, x, classifier, representation=False):
-    """Block outputs and the representation of the NumPy forward pass."""
+def reference_blocks(model, x, classifier, depth, representation=False):
+    """The raw weights, the block outputs and the representation of the NumPy forward pass."""
     params = checkpoint_params(model)
     _, blocks, pooled = numpy_vit.forward(
-        params, x, patch=8, heads=4, layers=TINY["num_layers"], classifier=classifier,
+        params, x, patch=8, heads=4, layers=depth, classifier=classifier,
         posemb=params["Transformer/posembed_input/pos_embedding"][0],
         representation=representation, return_blocks=True)
     return params, blocks, pooled
@@ -121,15 +121,11 @@ def test_features_are_the_numpy_forward_pass_block_by_block(classifier):
     model = randomize(vk.vit({**TINY, "num_layers": 3}, image_size=(32, 48), num_classes=5,
                              classifier=classifier, representation_size=16))
     x = images(height=32, width=48)
-    params = checkpoint_params(model)
-    _, blocks, pooled = numpy_vit.forward(
-        params, x, patch=8, heads=4, layers=3, classifier=classifier, representation=True,
-        posemb=params["Transformer/posembed_input/pos_embedding"][0], return_blocks=True)
+    params, blocks, pooled = reference_blocks(model, x, classifier, 3, representation=True)
     prefix = 1 if classifier == "token" else 0
     for norm in (False, True):
-        features = feature_extractor(model, blocks=[0, -1], norm=norm, prefix_tokens=True,
-                                     pooled=True)
-        out = {k: numpy_of(v) for k, v in features(x).items()}
+        extract = features(model, blocks=[0, -1], norm=norm, prefix_tokens=True, pooled=True)
+        out = {k: numpy_of(v) for k, v in extract(x).items()}
         expected_keys = {"block0", "block2", "pooled"} | (
             {"block0_prefix", "block2_prefix"} if prefix else set())
         assert set(out) == expected_keys
@@ -149,26 +145,30 @@ def test_features_are_the_numpy_forward_pass_block_by_block(classifier):
 def test_last_blocks_as_sequences_and_bad_indices():
     model = randomize(vk.vit({**TINY, "num_layers": 3}, image_size=32, num_classes=5))
     x = images()
-    _, blocks, _ = reference_blocks(model, x, "token")
-    out = feature_extractor(model, blocks=2, spatial=False)(x)
+    _, blocks, _ = reference_blocks(model, x, "token", 3)
+    out = features(model, blocks=2, spatial=False, norm=False)(x)
     assert sorted(out) == ["block1", "block2"]
-    np.testing.assert_allclose(numpy_of(out["block1"]), blocks[1][:, 1:], atol=1e-5)
+    for index in (1, 2):
+        np.testing.assert_allclose(numpy_of(out[f"block{index}"]), blocks[index][:, 1:],
+                                   atol=1e-5)
+    with pytest.raises(ValueError, match=r"block 2 is asked for twice in blocks=\[2, -1\]"):
+        features(model, blocks=[2, -1])
     with pytest.raises(ValueError, match="block index -4 is out of range for a model of 3 "
                                          "blocks: expected -3 to 2"):
-        feature_extractor(model, blocks=[-4])
+        features(model, blocks=[-4])
     with pytest.raises(ValueError, match=r"blocks=5: expected 1 to 3"):
-        feature_extractor(model, blocks=5)
+        features(model, blocks=5)
 
 
 def test_features_follow_the_image_size_of_a_dynamic_model(tmp_path):
     model, _ = dynamic_and_fixed()
-    features = feature_extractor(model, blocks=1, norm=True, prefix_tokens=True)
+    extract = features(model, blocks=1, norm=True, prefix_tokens=True)
     vk.save_npz(model, tmp_path / "weights.npz")
     fixed = vk.vit(TINY, image_size=(48, 24), num_classes=5)
     vk.load_npz(fixed, tmp_path / "weights.npz", resample="zoom")
-    expected = feature_extractor(fixed, blocks=1, norm=True, prefix_tokens=True)
+    expected = features(fixed, blocks=1, norm=True, prefix_tokens=True)
     x = images(height=48, width=24)
-    got, want = features(x), expected(x)
+    got, want = extract(x), expected(x)
     assert tuple(got["block1"].shape) == (2, 6, 3, 32)
     for key in ("block1", "block1_prefix"):
         np.testing.assert_allclose(numpy_of(got[key]), numpy_of(want[key]), atol=1e-4)
@@ -176,19 +176,26 @@ def test_features_follow_the_image_size_of_a_dynamic_model(tmp_path):
 
 def test_feature_model_round_trips_as_a_keras_file(tmp_path):
     model, _ = dynamic_and_fixed()
-    features = feature_extractor(model, blocks=[0, 1], pooled=True)
-    features.save(tmp_path / "features.keras")
+    extract = features(model, blocks=[0, 1], norm=True, prefix_tokens=True, pooled=True)
+    extract.save(tmp_path / "features.keras")
     loaded = keras.saving.load_model(tmp_path / "features.keras", safe_mode=True)
     x = images(height=40, width=40)
-    for key, value in features(x).items():
+    for key, value in extract(x).items():
         np.testing.assert_allclose(numpy_of(loaded(x)[key]), numpy_of(value), atol=1e-6)
 
 
 def test_features_of_a_vit_nested_in_a_bigger_model():
     vit = randomize(vk.vit(TINY, image_size=32, num_classes=5))
     inputs = keras.Input((32, 32, 3))
-    outer = keras.Model(inputs, keras.layers.Dense(2)(vit(keras.layers.Rescaling(0.5)(inputs))))
+    rescaled = keras.Model(inputs, keras.layers.Dense(2)(vit(keras.layers.Rescaling(0.5)(
+        inputs))))
+    sequential = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Rescaling(0.5), vit])
+    direct_input = keras.Input((32, 32, 3))
+    plain = keras.Model(direct_input, keras.layers.Dense(2)(vit(direct_input)))
     x = images()
-    nested = feature_extractor(outer, blocks=1)(x)["block1"]
-    direct = feature_extractor(vit, blocks=1)(x * 0.5)["block1"]
-    np.testing.assert_allclose(numpy_of(nested), numpy_of(direct), atol=1e-6)
+    direct = numpy_of(features(vit, blocks=1)(x * 0.5)["block1"])
+    for outer in (rescaled, sequential):
+        np.testing.assert_allclose(numpy_of(features(outer, blocks=1)(x)["block1"]), direct,
+                                   atol=1e-6)
+    np.testing.assert_allclose(numpy_of(features(plain, blocks=1)(x * 0.5)["block1"]), direct,
+                               atol=1e-6)

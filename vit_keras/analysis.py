@@ -13,15 +13,21 @@ import keras
 import numpy as np
 
 from vit_keras import configs
-from vit_keras.features import blocks_of, cell_size, find_vit, representation_layer
-from vit_keras.layers import ClassToken, PatchEmbedding
+from vit_keras.intermediates import (
+    blocks_of,
+    cell_size,
+    fed_by,
+    find_vit,
+    representation_layer,
+)
+from vit_keras.layers import PatchEmbedding
 from vit_keras.position_embeddings import image_grid
 
 
 def _layout(vit: keras.Model, images) -> tuple[tuple[int, int], int, int]:
     """(token grid of these images, number of prefix tokens, pixels per grid cell)."""
     stride = cell_size(vit)
-    prefix = 1 if any(isinstance(layer, ClassToken) for layer in vit.layers) else 0
+    prefix = vit.get_layer(configs.POSITION_EMBEDDING).num_prefix_tokens
     return image_grid(images, stride), prefix, stride
 
 
@@ -128,9 +134,11 @@ def patch_filters(model: keras.Model, n: int = 28) -> np.ndarray:
 
 
 def representation(model: keras.Model) -> keras.Model:
-    """The frozen representation the paper evaluates: pre_logits if present, else the pooled
-    token."""
-    return keras.Model(model.input, model.get_layer(representation_layer(model)).output)
+    """The frozen representation the paper evaluates, of the ViT in model (find_vit):
+    pre_logits if present, else the pooled token."""
+    vit, feeder = find_vit(model)
+    return fed_by(feeder, keras.Model(vit.input,
+                                      vit.get_layer(representation_layer(vit)).output))
 
 
 def ridge_solve(features: np.ndarray, targets: np.ndarray, l2: float) -> np.ndarray:

@@ -133,6 +133,9 @@ EMBEDDING = "embedding"
 CLASS_TOKEN = "cls"
 POSITION_EMBEDDING = "Transformer_posembed_input"
 ENCODER_NORM = "Transformer_encoder_norm"
+POOL = "pool"
+# How a position-embedding table is fitted to another grid (vit_keras.weights.resample).
+RESAMPLING_METHODS = ("zoom", "bilinear")
 PRE_LOGITS = "pre_logits"
 HEAD = "head"
 

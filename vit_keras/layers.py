@@ -100,7 +100,7 @@ class PatchEmbedding(keras.layers.Layer):
             )
         _, height, width, channels = input_shape
         if height is not None and width is not None:
-            self.grid_size((height, width))
+            self.grid_size((height, width))  # refuses sizes the patches do not divide
         self.kernel = self.add_weight(
             name="kernel",
             shape=(self.patch_size, self.patch_size, channels, self.hidden_size),

@@ -79,9 +79,9 @@ def vit(
     inputs = keras.Input((*shape, channels), name="images")
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
                      "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias}
-    x = _encoder(inputs, (height, width), config, classifier, posemb, dropout_rate,
-                 attention_dropout_rate, stochastic_depth_rate, block_options)
-    x = TokenPooling(classifier, dtype="float32", name="pool")(x)
+    x = _encoder(inputs, (height, width), dynamic_image_size, config, classifier, posemb,
+                 dropout_rate, attention_dropout_rate, stochastic_depth_rate, block_options)
+    x = TokenPooling(classifier, dtype="float32", name=configs.POOL)(x)
     if representation_size:
         x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
                                kernel_initializer="lecun_normal", name=configs.PRE_LOGITS)(x)
@@ -96,11 +96,11 @@ def vit(
     return model
 
 
-def _encoder(images, image_size, config: ViTConfig, classifier, posemb, dropout_rate,
-             attention_dropout_rate, stochastic_depth_rate, block_options: dict):
+def _encoder(images, image_size, dynamic: bool, config: ViTConfig, classifier, posemb,
+             dropout_rate, attention_dropout_rate, stochastic_depth_rate, block_options: dict):
     """Images -> the encoder's normalised tokens (batch, tokens, D); image_size is what the
-    position embeddings are built for; block_options are the TransformerBlock arguments
-    every block shares."""
+    position embeddings are built for, fitted to each image's grid when dynamic;
+    block_options are the TransformerBlock arguments every block shares."""
     x = images
     if config.is_hybrid:
         x = resnet_stem(x, config.resnet_layers, config.resnet_width)
@@ -112,7 +112,6 @@ def _encoder(images, image_size, config: ViTConfig, classifier, posemb, dropout_
         x = ClassToken(name=configs.CLASS_TOKEN)(x)
     position = AddPositionEmbedding(grid, num_prefix, posemb, stride=config.cell_size,
                                     name=configs.POSITION_EMBEDDING)
-    dynamic = None in images.shape[1:3]
     x = position(x, images=images) if dynamic else position(x)
     x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)
     depth = config.num_layers

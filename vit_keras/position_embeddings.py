@@ -13,7 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from vit_keras.configs import as_pair
+from vit_keras.configs import RESAMPLING_METHODS, as_pair
 
 POSITION_EMBEDDINGS: dict[str, PositionEmbedding] = {}
 
@@ -128,6 +128,7 @@ class Learned2D(PositionEmbedding):
 
 
 def sincos2d_frequencies(width: int, temperature: float = 10_000.0) -> np.ndarray:
+    """The D/4 frequencies 1 / T^(i / (D/4 - 1)) of the sine-cosine embedding."""
     if width % 4:
         raise ValueError(f"sincos2d position embedding needs hidden_size divisible by 4, "
                          f"got {width}")
@@ -173,9 +174,6 @@ class SinCos2D(PositionEmbedding):
 @position_embedding("none")
 class NoPositionEmbedding(PositionEmbedding):
     """No position information at all (the paper's ablation)."""
-
-
-RESAMPLING_METHODS = ("zoom", "bilinear")
 
 
 def image_grid(images, stride: int):

@@ -49,6 +49,10 @@ RECIPES: dict[str, Recipe] = {
     "scratch": Recipe("adamw", 5e-4, "cosine", 0.05, weight_decay=0.05, label_smoothing=0.1,
                       stochastic_depth_rate=0.1, randaugment=(2, 0.5), mixup_alpha=0.8,
                       cutmix_alpha=1.0, source="Touvron et al. 2021 (DeiT)"),
+    # Paper, masked patch prediction (Appendix B.1.2): Adam at 2e-4, 10k warmup steps,
+    # cosine decay; no augmentation named.
+    "mpp": Recipe("adamw", 2e-4, "cosine", 10_000, crop="none", flip=False,
+                  source="Dosovitskiy et al. 2021, Appendix B.1.2"),
     # The main job: a small ViT on 28x28 Fashion-MNIST, tuned for 2 CPU cores.
     "fashion_mnist": Recipe("adamw", 3e-3, "cosine", 0.05, weight_decay=0.05,
                             crop="none", flip=True,
@@ -200,14 +204,16 @@ def callbacks(run_dir: str, tensorboard: bool = True) -> list[keras.callbacks.Ca
 def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_per_epoch: int,
           run_dir: str, validation_data=None, learning_rate: float | None = None,
           distribution=None, jit_compile: bool | str = "auto", steps_per_execution: int = 1,
-          verbose="auto") -> dict[int, dict]:
+          verbose="auto", compile=compile_model) -> dict[int, dict]:
     """model.fit with the recipe's optimizer and the resumable callbacks; returns the
     complete per-epoch history (including epochs run before an interruption).
-    distribution: a vit_keras.distribute.Distribution whose scope the model was built in."""
+    distribution: a vit_keras.distribute.Distribution whose scope the model was built in.
+    compile: compile_model's signature; another objective's (vit_keras.masked) for models
+    that are not classifiers."""
     distribution = distribution or distribute.choose("none")
     with distribution.scope:
-        compile_model(model, recipe, epochs * steps_per_epoch, learning_rate,
-                      jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+        compile(model, recipe, epochs * steps_per_epoch, learning_rate,
+                jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     distribute.prepare_model(model, distribution)
     run_callbacks = callbacks(run_dir)
     model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,

@@ -20,7 +20,7 @@ import numpy as np
 from vit_keras.export.formats import FORMATS, ExportFormat, tflite_bytes
 from vit_keras.export.runtimes import Predictor
 from vit_keras.export.serving import ClassTokenFolded, serving_model
-from vit_keras.features import built_image_size
+from vit_keras.intermediates import built_image_size
 
 __all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationError",
            "Predictor", "export_all", "serving_model", "tflite_bytes", "verify"]
@@ -77,6 +77,11 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
     if unknown:
         raise ValueError(f"unknown export formats {sorted(unknown)}: expected some of "
                          f"{', '.join(FORMATS)}")
+    size = built_image_size(model)
+    for name, images in (("sample_images", sample_images), ("representative", representative)):
+        if images is not None and tuple(images.shape[1:3]) != size:
+            raise ValueError(f"{name}: expected images of the model's {size[0]}x{size[1]} "
+                             f"pixels, got {images.shape[1]}x{images.shape[2]}")
     _fresh_folder(out_dir, overwrite)
     reference = {k: keras.ops.convert_to_numpy(v)
                  for k, v in serving_model(model)(sample_images).items()}
@@ -85,17 +90,19 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
     serving.export(saved_model_dir, format="tf_saved_model", verbose=False)
     report = {"model": model.name, "input_shape": list(model.input.shape[1:]), "formats": {}}
     fixed = _fixed_size_serving(model, serving, saved_model_dir, out_dir, report)
-    for name in formats:
-        export_format = FORMATS[name]
-        path = os.path.join(out_dir, export_format.file_name)
-        source = (serving, saved_model_dir) if name == "saved_model" else fixed
-        export_format.write(*source, path, representative)
-        tolerance = (tolerances or {}).get(name, export_format.tolerance)
-        report["formats"][name] = verify(path, sample_images, reference, tolerance)
+    try:
+        for name in formats:
+            export_format = FORMATS[name]
+            path = os.path.join(out_dir, export_format.file_name)
+            source = (serving, saved_model_dir) if name == "saved_model" else fixed
+            export_format.write(*source, path, representative)
+            tolerance = (tolerances or {}).get(name, export_format.tolerance)
+            report["formats"][name] = verify(path, sample_images, reference, tolerance)
+    finally:
+        if fixed[1] != saved_model_dir:
+            shutil.rmtree(fixed[1])
     if "saved_model" not in formats:
         shutil.rmtree(saved_model_dir)
-    if fixed[1] != saved_model_dir:
-        shutil.rmtree(fixed[1])
     _write_side_files(out_dir, report, labels)
     failed = [k for k, r in report["formats"].items() if not r["passed"]]
     if failed:

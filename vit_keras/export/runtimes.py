@@ -81,6 +81,11 @@ class KerasRuntime:
         return {k: keras.ops.convert_to_numpy(v) for k, v in self._model(images).items()}
 
 
+def sides_text(sides) -> str:
+    """Sizes for messages, "any" where a model of dynamic image size takes any."""
+    return ", ".join("any" if side is None else str(side) for side in sides)
+
+
 RUNTIMES = (SavedModelRuntime, LiteRTRuntime, OnnxRuntime, KerasRuntime)
 
 
@@ -100,9 +105,9 @@ class Predictor:
     def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:
         images = np.asarray(images)
         if images.dtype != np.uint8 or not self.takes(images.shape[1:]):
-            sides = ", ".join("any" if side is None else str(side) for side in self.input_shape)
-            raise ValueError(f"{self.path}: expected uint8 images of shape (batch, {sides}), "
-                             f"got {images.dtype} {images.shape}")
+            raise ValueError(f"{self.path}: expected uint8 images of shape (batch, "
+                             f"{sides_text(self.input_shape)}), got {images.dtype} "
+                             f"{images.shape}")
         return self._runtime(images)
 
     def takes(self, shape) -> bool:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
-
 import keras
 
 from vit_keras import configs
-from vit_keras.features import built_image_size
+from vit_keras.intermediates import built_image_size
 from vit_keras.preprocessing import unit_range
 
 
@@ -69,10 +67,13 @@ class ClassTokenFolded(keras.Model):
         if tuple(image_size or model.input.shape[1:3]) != built_image_size(model):
             return False
         rest = model.layers[names.index(first_block):]
-        chained = all(len(later._inbound_nodes) == 1 and
-                      later._inbound_nodes[0].parent_nodes[0].operation is earlier
-                      for earlier, later in itertools.pairwise(rest))
-        return chained and rest[-1].output is model.output
+        # Only the model's own graph counts: a layer may be called elsewhere too (the
+        # encoder norm in a vit_keras.intermediates.features model, say).
+        own = {id(node) for depth in model._nodes_by_depth.values() for node in depth}
+        nodes = [[node for node in layer._inbound_nodes if id(node) in own] for layer in rest]
+        chained = all(len(later) == 1 and later[0].parent_nodes[0].operation is earlier
+                      for earlier, later in zip(rest[:-1], nodes[1:], strict=True))
+        return chained and nodes[-1][0].outputs[0] is model.output
 
     def call(self, images):
         patches = self.patches(images)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.ndimage
 
+from vit_keras.configs import RESAMPLING_METHODS
+
 
 def resample_grid(grid: np.ndarray, new_grid: tuple[int, int], method: str = "zoom"):
     """Resizes a (h, w, D) grid of position embeddings to new_grid.
@@ -26,7 +28,8 @@ def resample_grid(grid: np.ndarray, new_grid: tuple[int, int], method: str = "zo
             grid = (np.take(grid, low, axis=axis) * (1 - frac)
                     + np.take(grid, high, axis=axis) * frac)
         return grid
-    raise ValueError(f"unknown resampling method {method!r}: expected 'zoom' or 'bilinear'")
+    raise ValueError(f"unknown resampling method {method!r}: expected one of "
+                     f"{', '.join(RESAMPLING_METHODS)}")
 
 
 def source_grid(num_grid_tokens: int, target_grid: tuple[int, int]) -> tuple[int, int]:

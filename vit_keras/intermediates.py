@@ -19,6 +19,8 @@ POOLED = "pooled"
 
 
 def is_vit(model: keras.Model) -> bool:
+    """Whether model is a ViT itself (it has the position-embedding layer), not a model
+    with one inside."""
     return any(isinstance(layer, AddPositionEmbedding) for layer in model.layers)
 
 
@@ -33,10 +35,7 @@ def find_vit(model: keras.Model) -> tuple[keras.Model, keras.Model | None]:
                 vit, inner = find_vit(layer)
             except ValueError:
                 continue
-            feeder = _feeder(model, layer)
-            if inner is not None:
-                feeder = keras.Model(feeder.input, inner(feeder.output))
-            return vit, feeder
+            return vit, fed_by(_feeder(model, layer), inner)
     raise ValueError(f"model {model.name!r} has no ViT in it (no AddPositionEmbedding layer in "
                      "it or in any model among its layers)")
 
@@ -50,6 +49,14 @@ def _feeder(model: keras.Model, layer: keras.Model) -> keras.Model:
         except ValueError:
             continue
     raise ValueError(f"model {model.name!r} does not call {layer.name!r} on its inputs")
+
+
+def fed_by(feeder: keras.Model | None, model: keras.Model | None) -> keras.Model | None:
+    """model applied to what feeder gives: feeder's inputs -> model's outputs (either may be
+    None, for nothing to apply)."""
+    if feeder is None or model is None:
+        return model or feeder
+    return keras.Model(feeder.input, model(feeder.output), name=model.name)
 
 
 def cell_size(vit: keras.Model) -> int:
@@ -69,6 +76,7 @@ def built_image_size(vit: keras.Model) -> tuple[int, int]:
 
 
 def blocks_of(vit: keras.Model) -> list[TransformerBlock]:
+    """The encoder blocks, in order."""
     return [layer for layer in vit.layers if isinstance(layer, TransformerBlock)]
 
 
@@ -84,6 +92,8 @@ def block_indices(blocks: int | Sequence[int], depth: int) -> list[int]:
         if not -depth <= index < depth:
             raise ValueError(f"block index {index} is out of range for a model of {depth} "
                              f"blocks: expected {-depth} to {depth - 1}")
+        if index % depth in indices:
+            raise ValueError(f"block {index % depth} is asked for twice in blocks={blocks}")
         indices.append(index % depth)
     return indices
 
@@ -123,9 +133,9 @@ class PatchTokens(keras.layers.Layer):
                 "stride": self.stride, "spatial": self.spatial}
 
 
-def feature_extractor(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = False,
-                      spatial: bool = True, prefix_tokens: bool = False, pooled: bool = False,
-                      name: str | None = None) -> keras.Model:
+def features(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = True,
+             spatial: bool = True, prefix_tokens: bool = False, pooled: bool = False,
+             name: str | None = None) -> keras.Model:
     """A keras.Model from model's inputs to a dict of features of the ViT in it (find_vit):
 
     "block{i}": block i's patch tokens, (batch, grid_h, grid_w, D) if spatial, else
@@ -133,8 +143,8 @@ def feature_extractor(model: keras.Model, blocks: int | Sequence[int] = 4, norm:
     prefix_tokens=True on a model that has them; "pooled": the representation the head
     reads (pre_logits, else the pooled tokens), with pooled=True.
     blocks: n for the last n blocks, or block indices (negative ones count from the end).
-    norm: pass each block's tokens through the encoder's final LayerNorm, as its last
-    block's are before pooling.
+    norm: pass each block's tokens through the encoder's final LayerNorm, as the last
+    block's are before pooling (False: the raw residual stream).
     """
     vit, feeder = find_vit(model)
     indices = block_indices(blocks, len(blocks_of(vit)))
@@ -151,13 +161,10 @@ def feature_extractor(model: keras.Model, blocks: int | Sequence[int] = 4, norm:
             outputs[f"block{index}_prefix"] = prefix
     if pooled:
         outputs[POOLED] = vit.get_layer(representation_layer(vit)).output
-    features = keras.Model(vit.input, outputs, name=name or f"{vit.name}_features")
-    if feeder is None:
-        return features
-    return keras.Model(feeder.input, features(feeder.output), name=features.name)
+    return fed_by(feeder, keras.Model(vit.input, outputs, name=name or f"{vit.name}_features"))
 
 
 def representation_layer(vit: keras.Model) -> str:
     """The layer whose output the head reads: pre_logits if present, else the pooling."""
     names = [layer.name for layer in vit.layers]
-    return configs.PRE_LOGITS if configs.PRE_LOGITS in names else "pool"
+    return configs.PRE_LOGITS if configs.PRE_LOGITS in names else configs.POOL

@@ -117,8 +117,9 @@ def masked_patch_block() -> str:
     probe_rows = [[name.replace("_", " "), *(f"{p['few_shot'][k]:.2%}" for k in shots),
                    f"{p['linear_probe']:.2%}"] for name, p in probes.items()]
     count = next(iter(probes.values()))["probe_train_images"]
+    colour = "intensity" if pre["color_channels"] == 1 else "colour"
     return (f"{machine_line(report['machine'])}, {report['backend']} backend. The corrupted "
-            f"patches' mean intensity was predicted with {pre['accuracy']:.1%} accuracy at "
+            f"patches' mean {colour} was predicted with {pre['accuracy']:.1%} accuracy at "
             f"the end of pre-training.\n\n" + runs
             + f"\n\nThe frozen representation (the pooled tokens), probed on the 10,000 test "
             f"images: few-shot accuracy by training examples per class, and a linear probe on "

@@ -12,6 +12,11 @@ SMOKE_IMAGE_SIZE = 32
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 
 
+def limit_flags(limit: int | None) -> list[str]:
+    """The apps' flags for a smoke run on `limit` training and held-out images (none: all)."""
+    return ["--limit", str(limit), "--eval-limit", str(limit)] if limit else []
+
+
 def write_json(report, path: str | None) -> None:
     """The report as indented JSON at `path`, where one is given (--json)."""
     if path:

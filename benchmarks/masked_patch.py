@@ -17,7 +17,7 @@ import numpy as np
 
 import vit_keras as vk
 from apps import finetune, pretrain, train
-from benchmarks import write_json
+from benchmarks import limit_flags, write_json
 from benchmarks.machine import describe_host
 from vit_keras import analysis, data
 
@@ -55,7 +55,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    limit = ["--limit", str(args.limit), "--eval-limit", str(args.limit)] if args.limit else []
+    limit = limit_flags(args.limit)
     total = args.pretrain_epochs + args.finetune_epochs
     keras.utils.set_random_seed(0)
     pretrained = pretrain.main(["--epochs", str(args.pretrain_epochs), "--run-dir",

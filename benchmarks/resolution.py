@@ -14,7 +14,7 @@ import os
 import keras
 
 from apps import finetune
-from benchmarks import write_json
+from benchmarks import limit_flags, write_json
 from benchmarks.machine import describe_host
 
 PATCH_SIZE, BASE_SIZE = 4, 28  # the main job's
@@ -31,7 +31,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    limit = ["--limit", str(args.limit), "--eval-limit", str(args.limit)] if args.limit else []
+    limit = limit_flags(args.limit)
     tokens = (args.image_size // PATCH_SIZE) ** 2 / (BASE_SIZE // PATCH_SIZE) ** 2
     base_epochs = max(round(args.epochs * tokens), 1)
     runs = {}

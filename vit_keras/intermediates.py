@@ -66,10 +66,16 @@ def cell_size(vit: keras.Model) -> int:
     return layer.stride or vit.input.shape[1] // layer.grid_size[0]
 
 
+def takes_any_size(vit: keras.Model) -> bool:
+    """Whether the model was built with dynamic_image_size (its input's height and width are
+    None)."""
+    return None in vit.input.shape[1:3]
+
+
 def built_image_size(vit: keras.Model) -> tuple[int, int]:
     """The image size the ViT's position embedding is built for: its input size, unless it
     takes any size."""
-    if None not in vit.input.shape[1:3]:
+    if not takes_any_size(vit):
         return tuple(vit.input.shape[1:3])
     layer = vit.get_layer(configs.POSITION_EMBEDDING)
     return tuple(side * layer.stride for side in layer.grid_size)

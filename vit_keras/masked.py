@@ -19,7 +19,7 @@ import tensorflow as tf
 from keras import ops
 
 from vit_keras import configs, training
-from vit_keras.intermediates import PatchTokens, cell_size
+from vit_keras.intermediates import PatchTokens, cell_size, takes_any_size
 
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the corrupted patches; the rest (10%) are kept
 COLOR_BITS = 3
@@ -179,7 +179,7 @@ def masked_patch_model(backbone: keras.Model, target: str = "mean_color",
     x = MaskedPatchCorruption(name="mpp_corruption")(x, sources=sources, masked=masked)
     start = names.index(configs.EMBEDDING) + 1
     for layer in backbone.layers[start:names.index(configs.ENCODER_NORM) + 1]:
-        dynamic = layer is position and None in backbone.input.shape[1:3]
+        dynamic = layer is position and takes_any_size(backbone)
         x = layer(x, images=images) if dynamic else layer(x)
     _, patches = PatchTokens(position.num_prefix_tokens, cell_size(backbone), spatial=False,
                              name="mpp_patch_tokens")(x, images=images)

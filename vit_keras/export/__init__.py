@@ -20,7 +20,7 @@ import numpy as np
 from vit_keras.export.formats import FORMATS, ExportFormat, tflite_bytes
 from vit_keras.export.runtimes import Predictor
 from vit_keras.export.serving import ClassTokenFolded, serving_model
-from vit_keras.intermediates import built_image_size
+from vit_keras.intermediates import built_image_size, takes_any_size
 
 __all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationError",
            "Predictor", "export_all", "serving_model", "tflite_bytes", "verify"]
@@ -115,7 +115,7 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
 def _fixed_size_serving(model, serving, saved_model_dir, out_dir, report):
     """(serving model, its SavedModel folder) for the formats of one image size (TFLite,
     ONNX): a model that takes any size is served at the size it was built for."""
-    if None not in model.input.shape[1:3]:
+    if not takes_any_size(model):
         return serving, saved_model_dir
     image_size = built_image_size(model)
     report["fixed_size_formats_input_shape"] = [*image_size, model.input.shape[-1]]

@@ -15,6 +15,7 @@ from vit_keras import kernels
 from vit_keras.export import ExportVerificationError
 from vit_keras.models import CLASSIFIERS
 from vit_keras.position_embeddings import POSITION_EMBEDDINGS
+from vit_keras.weights import pretrained
 
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
 # How the usage line names a program; the console script sets "vit-keras {name}".
@@ -98,6 +99,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, variant: str | None = "
                        help="erf GELU (timm / Hugging Face weights) instead of the tanh one")
     group.add_argument("--attention-kernel", default="auto", choices=kernels.ATTENTION_KERNELS,
                        help="how attention is computed (vit_keras.kernels; default auto)")
+    group.add_argument("--family", choices=pretrained.names(), default=None,
+                       help="build the model with the vk.vit options of this named release "
+                            "(LayerScale, registers, CLIP's pre-norm, ...: python -m "
+                            "apps.variants --pretrained), for its files and fine-tunes")
 
 
 def model_config(args) -> vk.ViTConfig:
@@ -110,6 +115,9 @@ def model_from_arguments(args, **overrides) -> keras.Model:
                   classifier=args.classifier or "token", posemb=args.posemb or "learned",
                   representation_size=args.representation_size,
                   approximate_gelu=not args.exact_gelu, attention_kernel=args.attention_kernel)
+    if args.family:  # the head follows --num-classes and the app, not the release
+        family = pretrained.PRETRAINED[args.family].options
+        kwargs.update({k: v for k, v in family.items() if k != "include_top"})
     return vk.vit(model_config(args), **{**kwargs, **overrides})
 
 

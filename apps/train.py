@@ -89,6 +89,11 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                           "main job on TensorFlow")
     fit.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"],
                      help="Keras dtype policy")
+    fit.add_argument("--seed", type=int, default=0,
+                     help="seeds the initial weights, the shuffling and the augmentation")
+    fit.add_argument("--recipe-option", action="append", default=[], metavar="FIELD=VALUE",
+                     help="change one field of the recipe (vit_keras.training.Recipe), e.g. "
+                          "label_smoothing=0.1; repeat for more")
     add_model_arguments(parser, variant=None, image_size=None)
     return parser
 
@@ -111,7 +116,7 @@ def fill_defaults(args) -> None:
 
 
 def recipe_from_arguments(args) -> training.Recipe:
-    recipe = training.RECIPES[args.recipe]
+    recipe = training.with_options(training.RECIPES[args.recipe], args.recipe_option)
     if args.grad_accum or args.ema:
         recipe = dataclasses.replace(
             recipe, ema_momentum=args.ema or recipe.ema_momentum,
@@ -145,7 +150,7 @@ def pipelines(args, recipe, train, evaluation, num_classes):
     common = dict(image_size=args.image_size, num_classes=num_classes,
                   batch_size=args.batch_size, channels=3)
     train_batches = data.make_pipeline(train, training=True, **training.pipeline_options(recipe),
-                                       **common).repeat()
+                                       seed=args.seed, **common).repeat()
     eval_batches = (data.make_pipeline(evaluation, training=False, cache=True, **common)
                     if evaluation is not None else None)
     return train_batches, eval_batches
@@ -195,6 +200,7 @@ def run_training(args) -> dict:
     """Trains, evaluates and writes the run described by parsed arguments."""
     fill_defaults(args)
     started = time.time()
+    keras.utils.set_random_seed(args.seed)
     recipe = recipe_from_arguments(args)
     run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
     train, evaluation, names = load_sources(args)

@@ -213,3 +213,25 @@ def test_committed_main_job_model_loads_after_importing_vit_keras_alone():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-1] == "137802"  # the figure README quotes
+
+
+def test_convert_builds_a_family_with_its_options(tmp_path):
+    import numpy as np
+    import timm
+
+    from apps import convert
+
+    reference = timm.models.vision_transformer.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
+        num_classes=0, reg_tokens=4, no_embed_class=True, init_values=1e-5)
+    from safetensors.torch import save_file
+
+    save_file(reference.state_dict(), tmp_path / "reg.safetensors")
+    tiny = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    flags = [str(tmp_path / "reg.safetensors"), str(tmp_path / "reg.npz"), *tiny,
+             "--image-size", "32"]
+    with pytest.raises(ValueError, match="the checkpoint has LayerScale .* build it with "
+                                         "layer_scale="):
+        convert.main(flags)
+    convert.main([*flags, "--family", "dinov2_reg"])
+    assert np.load(tmp_path / "reg.npz")["registers/tokens"].shape == (1, 4, 32)

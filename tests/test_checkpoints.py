@@ -28,9 +28,10 @@ def timm_vit(image_size=32, classes=7, gap=False, approximate=True, **kwargs):
     # fc_norm=False: the official gap model normalises before pooling.
     options = {"global_pool": "avg" if gap else "token", "class_token": not gap,
                "fc_norm": False, **kwargs}
+    options.setdefault("act_layer", act)
     return timm.models.vision_transformer.VisionTransformer(
         img_size=image_size, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
-        num_classes=classes, act_layer=act, **options).eval()
+        num_classes=classes, **options).eval()
 
 
 def timm_forward(model, x, **kwargs):
@@ -284,13 +285,12 @@ def test_timm_state_dict_import_matches_timm(tmp_path):
 
 # Each timm option that changes the computation, and what the refusal must name.
 TIMM_REFUSALS = {
-    "qk_norm": ({"qk_norm": True}, r"'blocks\.0\.attn\.q_norm\.weight' .*query/key norm"),
-    "pre_norm": ({"pre_norm": True}, r"'norm_pre\.weight' belongs to a LayerNorm before"),
-    "reg_tokens": ({"reg_tokens": 4}, r"'reg_token' belongs to register tokens"),
-    "fc_norm": ({"global_pool": "avg", "fc_norm": True},
-                r"'fc_norm\.weight' belongs to a LayerNorm after pooling"),
     "scale_mlp_norm": ({"scale_mlp_norm": True},
                        r"'blocks\.0\.mlp\.norm\.weight' belongs to a LayerNorm inside"),
+    "scale_attn_norm": ({"scale_attn_norm": True},
+                        r"'blocks\.0\.attn\.norm\.weight' belongs to a LayerNorm inside"),
+    "attention_pooling": ({"global_pool": "map"},
+                          r"'attn_pool\.\w+' belongs to attention pooling"),
 }
 
 
@@ -312,10 +312,17 @@ def test_original_mae_and_dinov2_files_load(tmp_path):
     mae, mae_state = timm_state()
     torch.save({"model": {k: torch.from_numpy(v) for k, v in mae_state.items()}, "epoch": 799},
                tmp_path / "mae_pretrain.pth")
+    # MAE's fine-tuned classifiers average the patch tokens and normalise after pooling.
+    finetuned_options = {"classifier": "gap", "class_token": True, "fc_norm": True}
+    finetuned, finetuned_state = timm_state(global_pool="avg", class_token=True, fc_norm=True)
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in finetuned_state.items()}},
+               tmp_path / "mae_finetuned.pth")
     dinov2, dinov2_state = timm_state(init_values=0.1)
     torch.save({**{k: torch.from_numpy(v) for k, v in dinov2_state.items()},
                 "mask_token": torch.zeros(1, 32)}, tmp_path / "dinov2_pretrain.pth")
     for name, reference, options, unused in (("mae_pretrain.pth", mae, {}, []),
+                                             ("mae_finetuned.pth", finetuned,
+                                              finetuned_options, []),
                                              ("dinov2_pretrain.pth", dinov2,
                                               {"layer_scale": 1.0}, ["mask_token"])):
         model = exact_tiny(**options)
@@ -332,12 +339,30 @@ def test_a_class_token_is_refused_by_a_model_without_one():
         vk.load_pytorch_weights(exact_tiny(classifier="gap"), state)
 
 
-def test_deit_distillation_token_is_refused():
+def deit_distilled(classes=7):
     reference = timm.models.deit.VisionTransformerDistilled(
         img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2,
-        num_classes=7)
+        num_classes=classes).eval()
+    return randomize_torch(reference, 0)
+
+
+def test_deit_distilled_matches_timm_and_its_features_are_the_two_tokens_mean():
+    reference = deit_distilled()
     state = {k: v.numpy() for k, v in reference.state_dict().items()}
-    with pytest.raises(ValueError, match="'dist_token' belongs to DeiT's distillation token"):
+    model = exact_tiny(distilled=True)
+    report = vk.load_pytorch_weights(model, state)
+    assert report.unused == [] and "head_dist/kernel" in report.loaded
+    np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
+                               atol=1e-5)
+    features = exact_tiny(distilled=True, include_top=False)
+    vk.load_pytorch_weights(features, state)
+    with torch.no_grad():
+        tokens = reference.forward_features(torch.from_numpy(images()).permute(0, 3, 1, 2))
+        expected = reference.forward_head(tokens, pre_logits=True).numpy()
+    np.testing.assert_allclose(logits(features, images()), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="the checkpoint has DeiT's distillation token "
+                                         r"\('dist_token/tokens'\), the model has not; build it "
+                                         "with distilled=True"):
         vk.load_pytorch_weights(exact_tiny(), state)
 
 
@@ -348,6 +373,22 @@ TIMM_OPTIONS = {
     # no_embed_class (DeiT III's layout): the class token gets no position embedding
     "no_embed_class": ({"no_embed_class": True}, {}),
     "deit3": ({"init_values": 0.1, "no_embed_class": True}, {"layer_scale": 1.0}),
+    "qk_norm": ({"qk_norm": True}, {"qk_norm": True}),
+    "pre_norm": ({"pre_norm": True}, {"pre_norm": True}),
+    # OpenAI's CLIP image tower as timm builds it
+    "clip": ({"pre_norm": True, "act_layer": "quick_gelu",
+              "norm_layer": functools.partial(torch.nn.LayerNorm, eps=1e-5)},
+             {"pre_norm": True, "mlp_activation": "quick_gelu", "layer_norm_epsilon": 1e-5}),
+    # DINOv2 with registers as timm lays it out: neither class token nor registers embedded
+    "reg_tokens": ({"reg_tokens": 4, "no_embed_class": True, "init_values": 0.1},
+                   {"num_register_tokens": 4, "layer_scale": 1.0}),
+    # registers inside the position embedding: their rows fold into the tokens
+    "embedded_reg_tokens": ({"reg_tokens": 2}, {"num_register_tokens": 2}),
+    # MAE / BEiT fine-tuned: a class token the average leaves out, the norm after pooling
+    "fc_norm": ({"global_pool": "avg", "class_token": True, "fc_norm": True},
+                {"classifier": "gap", "class_token": True, "fc_norm": True}),
+    "avg_with_class_token": ({"global_pool": "avg", "class_token": True},
+                             {"classifier": "gap", "class_token": True}),
 }
 
 
@@ -382,6 +423,19 @@ def test_timm_options_load_with_the_matching_model_and_match_timm(option, tmp_pa
     ({}, {"qkv_bias": False}, "the checkpoint has query/key/value biases ('Transformer/"
                               "encoderblock_0/MultiHeadDotProductAttention_1/query/bias'), the "
                               "model has not; build it with qkv_bias=True"),
+    ({"qk_norm": True}, {}, "the checkpoint has query/key normalisation ('Transformer/"
+                            "encoderblock_0/MultiHeadDotProductAttention_1/query_norm/scale'), "
+                            "the model has not; build it with qk_norm=True"),
+    ({"pre_norm": True}, {}, "the checkpoint has a LayerNorm before the blocks ('Transformer/"
+                             "pre_norm/scale'), the model has not; build it with pre_norm=True"),
+    ({"reg_tokens": 4, "no_embed_class": True}, {}, "the checkpoint has register tokens "
+     "('registers/tokens'), the model has not; build it with num_register_tokens=<the count>"),
+    ({"global_pool": "avg", "class_token": True, "fc_norm": True},
+     {"classifier": "gap", "class_token": True}, "the checkpoint has a LayerNorm after pooling "
+     "('fc_norm/scale'), the model has not; build it with fc_norm=True"),
+    ({}, {"fc_norm": True, "class_token": True, "classifier": "gap"},
+     "the model has a LayerNorm after pooling ('fc_norm/scale'), the checkpoint has not; "
+     "build it with fc_norm=False"),
 ])
 def test_a_model_without_the_checkpoints_option_is_told_which_to_set(timm_options, vit_options,
                                                                    message):
@@ -408,16 +462,64 @@ def test_missing_timm_key_is_a_value_error_naming_it():
         vk.load_pytorch_weights(exact_tiny(), state)
 
 
-def test_hugging_face_dinov2_layer_scale_is_refused():
-    from transformers import Dinov2Config, Dinov2Model
+def hugging_face_images():
+    return torch.from_numpy(images()).permute(0, 3, 1, 2)
 
-    reference = Dinov2Model(Dinov2Config(hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=4, mlp_ratio=2, image_size=32,
-                                         patch_size=8))
+
+@pytest.mark.parametrize("registers", [0, 2])
+def test_hugging_face_dinov2_loads_and_matches_it(registers):
+    import transformers
+
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, mlp_ratio=2,
+                  image_size=32, patch_size=8, layerscale_value=0.1)
+    if registers:
+        reference = transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
+            num_register_tokens=registers, **common))
+    else:
+        reference = transformers.Dinov2Model(transformers.Dinov2Config(**common))
+    reference = randomize_torch(reference.eval())
     state = {k: v.numpy() for k, v in reference.state_dict().items()}
-    with pytest.raises(ValueError, match=r"layer_scale1\.lambda1' belongs to Hugging Face's "
-                                         "DINOv2 layout"):
-        vk.load_pytorch_weights(exact_tiny(), state)
+    model = exact_tiny(include_top=False, layer_scale=1.0, num_register_tokens=registers)
+    report = vk.load_pytorch_weights(model, state)
+    assert report.layout == "Hugging Face DINOv2 state dict"
+    assert report.unused == ["mask_token"]
+    with torch.no_grad():
+        expected = reference(pixel_values=hugging_face_images()).pooler_output.numpy()
+    np.testing.assert_allclose(logits(model, images()), expected, atol=1e-5)
+
+
+def test_hugging_face_deit_with_teacher_loads_and_matches_it():
+    import transformers
+
+    reference = transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        image_size=32, patch_size=8, num_labels=7, hidden_act="gelu"))
+    reference = randomize_torch(reference.eval())
+    state = {k: v.numpy() for k, v in reference.state_dict().items()}
+    model = exact_tiny(distilled=True)
+    report = vk.load_pytorch_weights(model, state)
+    assert report.unused == [] and report.layout == "Hugging Face ViT state dict"
+    with torch.no_grad():
+        expected = reference(pixel_values=hugging_face_images()).logits.numpy()
+    np.testing.assert_allclose(logits(model, images()), expected, atol=1e-5)
+
+
+def test_original_dinov2_file_with_registers_loads(tmp_path):
+    # DINOv2's own layout: the class token's position is in pos_embed, the registers are not
+    # embedded; timm folds the class row into cls_token (no_embed_class). Both load the same.
+    reference, state = timm_state(reg_tokens=4, no_embed_class=True, init_values=0.1)
+    class_row = np.random.default_rng(3).normal(size=(1, 1, 32)).astype("float32")
+    original = {k: v for k, v in state.items() if k not in ("reg_token", "cls_token")}
+    original.update(register_tokens=state["reg_token"], cls_token=state["cls_token"] - class_row,
+                    pos_embed=np.concatenate([class_row, state["pos_embed"]], axis=1),
+                    mask_token=np.zeros((1, 32), "float32"))
+    torch.save({k: torch.from_numpy(v) for k, v in original.items()},
+               tmp_path / "dinov2_vits14_reg4_pretrain.pth")
+    model = exact_tiny(num_register_tokens=4, layer_scale=1.0)
+    report = vk.load_pytorch_weights(model, str(tmp_path / "dinov2_vits14_reg4_pretrain.pth"))
+    assert report.unused == ["mask_token"]
+    np.testing.assert_allclose(logits(model, images()), timm_forward(reference, images()),
+                               atol=1e-5)
 
 
 def hf_config(**kwargs):
@@ -564,3 +666,26 @@ def test_hybrid_names_point_at_the_official_files(monkeypatch):
         base + "imagenet21k/R50%2BViT-B_16.npz")
     assert pretrained.url(pretrained.checkpoint("R50+L/32", "augreg_in21k")) == (
         base + "augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1.npz")
+
+
+@pytest.mark.parametrize(("timm_options", "vit_options"), [
+    ({"reg_tokens": 4, "no_embed_class": True, "init_values": 0.1},
+     {"num_register_tokens": 4, "layer_scale": 1.0}),
+    ({"global_pool": "avg", "class_token": True, "fc_norm": True},
+     {"classifier": "gap", "class_token": True, "fc_norm": True}),
+])
+def test_features_of_registers_and_fc_norm_models_are_timms_intermediates(timm_options,
+                                                                         vit_options):
+    reference, state = timm_state(**timm_options)
+    model = exact_tiny(**vit_options)
+    vk.load_pytorch_weights(model, state)
+    extract = vk.features(model, blocks=[0, 1], prefix_tokens=True)
+    ours = {k: keras.ops.convert_to_numpy(v) for k, v in extract(images()).items()}
+    with torch.no_grad():
+        theirs = reference.forward_intermediates(
+            torch.from_numpy(images()).permute(0, 3, 1, 2), indices=[0, 1], norm=True,
+            output_fmt="NCHW", return_prefix_tokens=True, intermediates_only=True)
+    for index, (spatial, prefix) in enumerate(theirs):
+        np.testing.assert_allclose(ours[f"block{index}"], spatial.permute(0, 2, 3, 1).numpy(),
+                                   atol=1e-5)
+        np.testing.assert_allclose(ours[f"block{index}_prefix"], prefix.numpy(), atol=1e-5)

@@ -309,3 +309,36 @@ def test_preprocess_maps_uint8_to_unit_interval():
     out = keras.ops.convert_to_numpy(vk.preprocess(pixels))
     np.testing.assert_allclose(out, (pixels.astype(np.float64) - 127.5) / 127.5, atol=1e-7)
     assert out.dtype == np.float32
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(class_token=False), "classifier='token' reads the class token: it needs "
+                              "class_token=True"),
+    (dict(distilled=True, classifier="gap"), r"distilled=True \(DeiT\) needs the class token "
+                                             "and classifier='token'"),
+    (dict(distilled=True, fc_norm=True), r"distilled=True \(DeiT\) has neither fc_norm"),
+    (dict(mlp_activation="relu"), "unknown mlp_activation 'relu': expected one of gelu, "
+                                  "quick_gelu"),
+    (dict(num_register_tokens=-1), "num_register_tokens must be an int >= 0, got -1"),
+])
+def test_family_options_refuse_combinations_no_family_has(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        vk.vit(TINY, image_size=32, **kwargs)
+
+
+def test_family_options_serialise_and_take_any_image_size(tmp_path):
+    options = dict(qk_norm=True, pre_norm=True, mlp_activation="quick_gelu",
+                   num_register_tokens=2, layer_norm_epsilon=1e-5, layer_scale=0.5,
+                   dynamic_image_size=True)
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3, **options))
+    model.save(tmp_path / "m.keras")
+    restored = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    for height, width in ((32, 32), (48, 24)):
+        x = images(height=height, width=width)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(restored(x)),
+                                   keras.ops.convert_to_numpy(model(x)), atol=1e-6)
+    block = restored.get_layer("Transformer_encoderblock_0").get_config()
+    assert (block["qk_norm"], block["mlp_activation"], block["norm_epsilon"]) == (
+        True, "quick_gelu", 1e-5)
+    assert restored.get_layer("registers").num_tokens == 2
+    assert not restored.get_layer("embedding").use_bias  # CLIP's patch embedding

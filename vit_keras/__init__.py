@@ -8,6 +8,7 @@ from vit_keras.models import vit
 from vit_keras.preprocessing import preprocess
 from vit_keras.weights import (
     LoadReport,
+    load_keras_hub,
     load_npz,
     load_pytorch_weights,
     load_weights,
@@ -16,6 +17,7 @@ from vit_keras.weights import (
 )
 
 __all__ = ["VARIANTS", "LoadReport", "ViTConfig", "features", "get_config", "intermediates",
-           "layers", "load_npz", "load_pytorch_weights", "load_weights", "lora", "merge_lora",
-           "preprocess", "resnet", "save_npz", "save_weights", "training", "vit"]
+           "layers", "load_keras_hub", "load_npz", "load_pytorch_weights", "load_weights",
+           "lora", "merge_lora", "preprocess", "resnet", "save_npz", "save_weights", "training",
+           "vit"]
 __version__ = "0.1.0"

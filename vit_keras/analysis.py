@@ -18,6 +18,7 @@ from vit_keras.intermediates import (
     cell_size,
     fed_by,
     find_vit,
+    num_prefix_tokens,
     representation_layer,
 )
 from vit_keras.layers import PatchEmbedding
@@ -27,8 +28,7 @@ from vit_keras.position_embeddings import image_grid
 def _layout(vit: keras.Model, images) -> tuple[tuple[int, int], int, int]:
     """(token grid of these images, number of prefix tokens, pixels per grid cell)."""
     stride = cell_size(vit)
-    prefix = vit.get_layer(configs.POSITION_EMBEDDING).num_prefix_tokens
-    return image_grid(images, stride), prefix, stride
+    return image_grid(images, stride), num_prefix_tokens(vit), stride
 
 
 def _vit_and_images(model: keras.Model, images):

@@ -138,6 +138,13 @@ POOL = "pool"
 RESAMPLING_METHODS = ("zoom", "bilinear")
 PRE_LOGITS = "pre_logits"
 HEAD = "head"
+# Layers of the options after the paper (vk.vit's docstring).
+DISTILLATION_TOKEN = "dist_token"
+REGISTERS = "registers"
+PRE_NORM = "Transformer_pre_norm"
+FC_NORM = "fc_norm"
+HEAD_DIST = "head_dist"
+POOL_DIST = "pool_dist"
 
 
 BLOCK_PREFIX = "Transformer_encoderblock_"

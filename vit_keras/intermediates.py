@@ -66,6 +66,23 @@ def cell_size(vit: keras.Model) -> int:
     return layer.stride or vit.input.shape[1] // layer.grid_size[0]
 
 
+def num_prefix_tokens(vit: keras.Model) -> int:
+    """The tokens before the patch tokens: class and distillation tokens (those the position
+    embedding covers) and register tokens."""
+    count = vit.get_layer(configs.POSITION_EMBEDDING).num_prefix_tokens
+    names = [layer.name for layer in vit.layers]
+    if configs.REGISTERS in names:
+        count += vit.get_layer(configs.REGISTERS).num_tokens
+    return count
+
+
+def final_norm(vit: keras.Model):
+    """The LayerNorm after the last block; None for a model with fc_norm (whose norm is after
+    pooling), where timm's features are unnormalised too."""
+    names = [layer.name for layer in vit.layers]
+    return vit.get_layer(configs.ENCODER_NORM) if configs.ENCODER_NORM in names else None
+
+
 def takes_any_size(vit: keras.Model) -> bool:
     """Whether the model was built with dynamic_image_size (its input's height and width are
     None)."""
@@ -150,20 +167,22 @@ def features(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = T
     reads (pre_logits, else the pooled tokens), with pooled=True.
     blocks: n for the last n blocks, or block indices (negative ones count from the end).
     norm: pass each block's tokens through the encoder's final LayerNorm, as the last
-    block's are before pooling (False: the raw residual stream).
+    block's are before pooling (False: the raw residual stream; a model with fc_norm has no
+    such norm).
     """
     vit, feeder = find_vit(model)
     indices = block_indices(blocks, len(blocks_of(vit)))
-    layout = vit.get_layer(configs.POSITION_EMBEDDING)
-    split = PatchTokens(layout.num_prefix_tokens, cell_size(vit), spatial,
+    prefix_count = num_prefix_tokens(vit)
+    split = PatchTokens(prefix_count, cell_size(vit), spatial,
                         name="spatial_tokens" if spatial else "patch_tokens")
+    normalise = final_norm(vit) if norm else None
     outputs = {}
     for index in indices:
         tokens = vit.get_layer(configs.block_name(index)).output
-        if norm:
-            tokens = vit.get_layer(configs.ENCODER_NORM)(tokens)
+        if normalise is not None:
+            tokens = normalise(tokens)
         prefix, outputs[f"block{index}"] = split(tokens, images=vit.input)
-        if prefix_tokens and layout.num_prefix_tokens:
+        if prefix_tokens and prefix_count:
             outputs[f"block{index}_prefix"] = prefix
     if pooled:
         outputs[POOLED] = vit.get_layer(representation_layer(vit)).output

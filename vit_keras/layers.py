@@ -17,16 +17,35 @@ from vit_keras.configs import as_pair
 from vit_keras.position_embeddings import AddPositionEmbedding
 
 __all__ = ["AddPositionEmbedding", "ClassToken", "LayerScale", "MlpBlock",
-           "MultiHeadDotProductAttention", "PatchEmbedding", "TokenPooling", "TransformerBlock",
-           "layer_norm"]
+           "MultiHeadDotProductAttention", "PatchEmbedding", "PrefixTokens", "TokenPooling",
+           "TransformerBlock", "layer_norm"]
 
 LAYER_NORM_EPSILON = 1e-6  # Flax's default; Keras' 1e-3 breaks parity with the checkpoints.
 
 _register = keras.saving.register_keras_serializable(package="vit_keras")
 
 
-def layer_norm(name: str) -> keras.layers.LayerNormalization:
-    return keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name=name)
+def layer_norm(name: str, epsilon: float = LAYER_NORM_EPSILON) -> keras.layers.LayerNormalization:
+    return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
+
+
+def quick_gelu(x):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
+    return x * ops.sigmoid(1.702 * x)
+
+
+# The MLP's nonlinearity by name: f(x, approximate_gelu).
+MLP_ACTIVATIONS = {
+    "gelu": lambda x, approximate: ops.gelu(x, approximate=approximate),
+    "quick_gelu": lambda x, approximate: quick_gelu(x),
+}
+
+
+def check_mlp_activation(name: str) -> str:
+    if name not in MLP_ACTIVATIONS:
+        raise ValueError(f"unknown mlp_activation {name!r}: expected one of "
+                         f"{', '.join(MLP_ACTIVATIONS)}")
+    return name
 
 
 class SavesSublayers:
@@ -77,10 +96,11 @@ class PatchEmbedding(keras.layers.Layer):
     was built for, or of any size when built with height and width None.
     """
 
-    def __init__(self, patch_size: int, hidden_size: int, **kwargs):
+    def __init__(self, patch_size: int, hidden_size: int, use_bias: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.patch_size = patch_size
         self.hidden_size = hidden_size
+        self.use_bias = use_bias
 
     def grid_size(self, image_size) -> tuple[int, int]:
         height, width = as_pair(image_size, "image_size")
@@ -106,11 +126,14 @@ class PatchEmbedding(keras.layers.Layer):
             shape=(self.patch_size, self.patch_size, channels, self.hidden_size),
             initializer="lecun_normal",
         )
-        self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.hidden_size,),
+                                        initializer="zeros")
 
     def call(self, images):
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
-        x = x + self.bias
+        if self.use_bias:
+            x = x + self.bias
         _, grid_h, grid_w, _ = ops.shape(x)
         return ops.reshape(x, (-1, grid_h * grid_w, self.hidden_size))
 
@@ -122,7 +145,7 @@ class PatchEmbedding(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "patch_size": self.patch_size,
-                "hidden_size": self.hidden_size}
+                "hidden_size": self.hidden_size, "use_bias": self.use_bias}
 
 
 @_register
@@ -144,6 +167,40 @@ class ClassToken(keras.layers.Layer):
 
 
 @_register
+@no_quantization
+class PrefixTokens(keras.layers.Layer):
+    """Inserts num_tokens learned tokens after the first `after` tokens: DeiT's distillation
+    token (after the class token) or register tokens (Darcet et al. 2024, after the class
+    token and any distillation token). Random-normal initialised, so that several tokens
+    start apart."""
+
+    def __init__(self, num_tokens: int, after: int = 1, stddev: float = 0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.num_tokens = num_tokens
+        self.after = after
+        self.stddev = stddev
+
+    def build(self, input_shape):
+        self.tokens = self.add_weight(
+            name="tokens", shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=self.stddev))
+
+    def call(self, tokens):
+        new = ops.cast(self.tokens, tokens.dtype)
+        new = ops.broadcast_to(new, (ops.shape(tokens)[0], self.num_tokens,
+                                     ops.shape(tokens)[-1]))
+        return ops.concatenate([tokens[:, :self.after], new, tokens[:, self.after:]], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        tokens = None if input_shape[1] is None else input_shape[1] + self.num_tokens
+        return (input_shape[0], tokens, input_shape[2])
+
+    def get_config(self):
+        return {**super().get_config(), "num_tokens": self.num_tokens, "after": self.after,
+                "stddev": self.stddev}
+
+
+@_register
 class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     """Self-attention softmax(q k^T / sqrt(D_h)) v with the official parameter shapes.
 
@@ -153,17 +210,24 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     (batch * tokens, ...) matrix (docs/performance.md). attention_kernel: how the attention
     itself is computed (vit_keras.kernels.ATTENTION_KERNELS). qkv_bias=False leaves out the
     biases of query, key and value (timm's qkv_bias=False); out keeps its bias.
+    qk_norm: a LayerNorm over each head's query and key before their product (Dehghani et al.
+    2023; timm's qk_norm), with norm_epsilon.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
 
     def __init__(self, num_heads: int, dropout_rate: float = 0.0,
-                 attention_kernel: str = "auto", qkv_bias: bool = True,
-                 sublayers: dict | None = None, **kwargs):
+                 attention_kernel: str = "auto", qkv_bias: bool = True, qk_norm: bool = False,
+                 norm_epsilon: float = LAYER_NORM_EPSILON, sublayers: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
         self.qkv_bias = qkv_bias
+        self.qk_norm = qk_norm
+        self.norm_epsilon = norm_epsilon
+        self.qk_norms = ([layer_norm(name, norm_epsilon) for name in ("query_norm", "key_norm")]
+                         if qk_norm else [])
         self.attention_kernel = kernels.check_attention_kernel(attention_kernel)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self._init_sublayers(sublayers)
@@ -191,6 +255,8 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         for layer in (self.query, self.key, self.value):
             layer.build((None, width))
         self.out.build((None, self.num_heads, head_dim))
+        for norm in self.qk_norms:
+            norm.build((None, None, self.num_heads, head_dim))
 
     def call(self, x, training=None, return_attention_scores=False):
         batch, tokens, width = ops.shape(x)
@@ -198,6 +264,8 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         flat = ops.reshape(x, (-1, width))
         query, key, value = (ops.reshape(layer(flat), heads)
                              for layer in (self.query, self.key, self.value))
+        if self.qk_norms:
+            query, key = (norm(t) for norm, t in zip(self.qk_norms, (query, key), strict=True))
         active = bool(training) and self.dropout_rate > 0
         attended, probs = kernels.attention(
             query, key, value, self.attention_kernel,
@@ -214,6 +282,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         return {**super().get_config(), "num_heads": self.num_heads,
                 "dropout_rate": self.dropout_rate,
                 "attention_kernel": self.attention_kernel, "qkv_bias": self.qkv_bias,
+                "qk_norm": self.qk_norm, "norm_epsilon": self.norm_epsilon,
                 "sublayers": self.sublayer_configs()}
 
 
@@ -222,18 +291,20 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
     """Dense(mlp_dim) -> GELU -> dropout -> Dense(D) -> dropout, official initialisers.
 
     approximate_gelu: the tanh GELU of the official checkpoints, or the exact erf GELU of
-    timm and Hugging Face. The Dense layers see the tokens as one (batch * tokens, D) matrix,
-    the shape every backend's matrix multiply takes directly.
+    timm and Hugging Face. activation: a name in MLP_ACTIVATIONS ("quick_gelu" for OpenAI's
+    CLIP). The Dense layers see the tokens as one (batch * tokens, D) matrix, the shape every
+    backend's matrix multiply takes directly.
     """
 
     SUBLAYERS = (("dense_0", "Dense_0"), ("dense_1", "Dense_1"))
 
     def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, approximate_gelu: bool = True,
-                 sublayers: dict | None = None, **kwargs):
+                 activation: str = "gelu", sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
         self.approximate_gelu = approximate_gelu
+        self.activation = check_mlp_activation(activation)
         self.dropout = keras.layers.Dropout(dropout_rate)
         self._init_sublayers(sublayers)
 
@@ -250,7 +321,7 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
 
     def call(self, x, training=None):
         flat = ops.reshape(x, (-1, ops.shape(x)[-1]))
-        flat = ops.gelu(self.dense_0(flat), approximate=self.approximate_gelu)
+        flat = MLP_ACTIVATIONS[self.activation](self.dense_0(flat), self.approximate_gelu)
         flat = dropout_if_active(self.dropout, flat, training)
         flat = dropout_if_active(self.dropout, self.dense_1(flat), training)
         return ops.reshape(flat, ops.shape(x))
@@ -261,7 +332,7 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "mlp_dim": self.mlp_dim,
                 "dropout_rate": self.dropout_rate, "approximate_gelu": self.approximate_gelu,
-                "sublayers": self.sublayer_configs()}
+                "activation": self.activation, "sublayers": self.sublayer_configs()}
 
 
 @_register
@@ -305,14 +376,17 @@ class TransformerBlock(keras.layers.Layer):
     masks outside the recomputed part; dropout inside it would draw new ones, so remat
     requires dropout_rate and attention_dropout_rate 0.
     layer_scale: LayerScale's initial value on both branches, z' = ls(MSA(LN(z))) + z; None
-    (the paper's block) for none. qkv_bias: see MultiHeadDotProductAttention.
+    (the paper's block) for none. qkv_bias, qk_norm: see MultiHeadDotProductAttention;
+    mlp_activation: see MlpBlock. norm_epsilon: every LayerNorm's (CLIP's are 1e-5).
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
                  attention_dropout_rate: float = 0.0, drop_path_rate: float = 0.0,
                  approximate_gelu: bool = True, attention_kernel: str = "auto",
                  remat: bool = False, seed: int | None = None, layer_scale: float | None = None,
-                 qkv_bias: bool = True, sublayers: dict | None = None, **kwargs):
+                 qkv_bias: bool = True, qk_norm: bool = False, mlp_activation: str = "gelu",
+                 norm_epsilon: float = LAYER_NORM_EPSILON, sublayers: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate):
             raise ValueError(
@@ -330,16 +404,19 @@ class TransformerBlock(keras.layers.Layer):
         self.seed = seed
         self.layer_scale = layer_scale
         self.qkv_bias = qkv_bias
-        self.norm_0 = layer_norm("LayerNorm_0")
+        self.qk_norm = qk_norm
+        self.mlp_activation = mlp_activation
+        self.norm_epsilon = norm_epsilon
+        self.norm_0 = layer_norm("LayerNorm_0", norm_epsilon)
         sublayers = sublayers or {}
         self.attention = MultiHeadDotProductAttention(
-            num_heads, attention_dropout_rate, attention_kernel, qkv_bias,
-            sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
+            num_heads, attention_dropout_rate, attention_kernel, qkv_bias, qk_norm,
+            norm_epsilon, sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
             name="MultiHeadDotProductAttention_1")
         self.branch_scales = [LayerScale(layer_scale, name=f"LayerScale_{i}")
                               for i in range(2)] if layer_scale is not None else []
-        self.norm_2 = layer_norm("LayerNorm_2")
-        self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu,
+        self.norm_2 = layer_norm("LayerNorm_2", norm_epsilon)
+        self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu, mlp_activation,
                             sublayers=sublayers.get("MlpBlock_3"), name="MlpBlock_3")
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.seed_generator = keras.random.SeedGenerator(seed) if drop_path_rate else None
@@ -390,6 +467,8 @@ class TransformerBlock(keras.layers.Layer):
                 "approximate_gelu": self.approximate_gelu,
                 "attention_kernel": self.attention_kernel, "remat": self.remat,
                 "seed": self.seed, "layer_scale": self.layer_scale, "qkv_bias": self.qkv_bias,
+                "qk_norm": self.qk_norm, "mlp_activation": self.mlp_activation,
+                "norm_epsilon": self.norm_epsilon,
                 "sublayers": {"MultiHeadDotProductAttention_1": self.attention.sublayer_configs(),
                               "MlpBlock_3": self.mlp.sublayer_configs()}}
 
@@ -397,22 +476,32 @@ class TransformerBlock(keras.layers.Layer):
 @_register
 @no_quantization
 class TokenPooling(keras.layers.Layer):
-    """The classifier's read-out: token 0 ("token") or the mean over all tokens ("gap")."""
+    """The classifier's read-out: the prefix token at index `token` ("token": 0 is the class
+    token, 1 DeiT's distillation token; "mean" of both is DeiT's feature), or the mean over
+    the patch tokens ("gap"), leaving out the num_prefix_tokens before them as timm does."""
 
     METHODS = ("token", "gap")
 
-    def __init__(self, method: str = "token", **kwargs):
+    def __init__(self, method: str = "token", num_prefix_tokens: int = 0,
+                 token: int | str = 0, **kwargs):
         super().__init__(**kwargs)
         if method not in self.METHODS:
             raise ValueError(f"unknown classifier {method!r}: expected one of "
                              f"{', '.join(self.METHODS)}")
         self.method = method
+        self.num_prefix_tokens = num_prefix_tokens
+        self.token = token
 
     def call(self, tokens):
-        return tokens[:, 0] if self.method == "token" else ops.mean(tokens, axis=1)
+        if self.method == "gap":
+            return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
+        if self.token == "mean":
+            return ops.mean(tokens[:, :2], axis=1)
+        return tokens[:, self.token]
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
 
     def get_config(self):
-        return {**super().get_config(), "method": self.method}
+        return {**super().get_config(), "method": self.method,
+                "num_prefix_tokens": self.num_prefix_tokens, "token": self.token}

@@ -19,7 +19,13 @@ import tensorflow as tf
 from keras import ops
 
 from vit_keras import configs, training
-from vit_keras.intermediates import PatchTokens, cell_size, takes_any_size
+from vit_keras.intermediates import (
+    PatchTokens,
+    blocks_of,
+    cell_size,
+    num_prefix_tokens,
+    takes_any_size,
+)
 
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the corrupted patches; the rest (10%) are kept
 COLOR_BITS = 3
@@ -178,10 +184,12 @@ def masked_patch_model(backbone: keras.Model, target: str = "mean_color",
     x = embedding(images)
     x = MaskedPatchCorruption(name="mpp_corruption")(x, sources=sources, masked=masked)
     start = names.index(configs.EMBEDDING) + 1
-    for layer in backbone.layers[start:names.index(configs.ENCODER_NORM) + 1]:
+    last = (configs.ENCODER_NORM if configs.ENCODER_NORM in names
+            else blocks_of(backbone)[-1].name)
+    for layer in backbone.layers[start:names.index(last) + 1]:
         dynamic = layer is position and takes_any_size(backbone)
         x = layer(x, images=images) if dynamic else layer(x)
-    _, patches = PatchTokens(position.num_prefix_tokens, cell_size(backbone), spatial=False,
+    _, patches = PatchTokens(num_prefix_tokens(backbone), cell_size(backbone), spatial=False,
                              name="mpp_patch_tokens")(x, images=images)
     outputs = (kind.outputs(color_channels) if kind.classification
                else (embedding.patch_size**2 * backbone.input.shape[-1],))

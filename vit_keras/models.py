@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import keras
@@ -9,10 +10,13 @@ import keras
 from vit_keras import configs, kernels
 from vit_keras.configs import ViTConfig, as_pair, get_config
 from vit_keras.layers import (
+    LAYER_NORM_EPSILON,
     ClassToken,
     PatchEmbedding,
+    PrefixTokens,
     TokenPooling,
     TransformerBlock,
+    check_mlp_activation,
     layer_norm,
 )
 from vit_keras.position_embeddings import AddPositionEmbedding, check_position_embedding
@@ -39,6 +43,14 @@ def vit(
     remat: bool = False,
     layer_scale: float | None = None,
     qkv_bias: bool = True,
+    qk_norm: bool = False,
+    pre_norm: bool = False,
+    mlp_activation: str = "gelu",
+    num_register_tokens: int = 0,
+    class_token: bool | None = None,
+    fc_norm: bool = False,
+    distilled: bool = False,
+    layer_norm_epsilon: float = LAYER_NORM_EPSILON,
     head_bias_init: float = 0.0,
     channels: int = 3,
     dynamic_image_size: bool = False,
@@ -59,61 +71,117 @@ def vit(
     remat: recompute each block in the backward pass instead of keeping its activations
     (layers.TransformerBlock), for models that do not fit otherwise.
     stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
-    layer_scale: LayerScale's initial value on every residual branch (DeiT III, DINOv2),
-    None for the paper's blocks. qkv_bias=False: query, key and value without biases. Both
-    are for weight families after the paper (docs/weights.md).
     weights: a local .npz / .keras / .weights.h5 / PyTorch file, or a pre-trained name such
     as "augreg_in21k" (vit_keras.weights.pretrained), downloaded once into the Keras cache.
     dynamic_image_size: take images of any height and width that are multiples of the patch
     size (a hybrid's cell), fitting the position embeddings to each image's grid inside the
     model (AddPositionEmbedding); image_size is then the size they are learned at, and the
     outputs at that size are the fixed-size model's (docs/features.md).
+
+    The options of the weight families after the paper (docs/weights.md), each off by
+    default, named as timm names them:
+    layer_scale: LayerScale's initial value on every residual branch (DeiT III, DINOv2).
+    qkv_bias=False: query, key and value without biases. qk_norm: LayerNorm on each head's
+    query and key. pre_norm: a LayerNorm before the first block, and a patch embedding
+    without bias (CLIP). mlp_activation: "gelu" or "quick_gelu" (OpenAI's CLIP).
+    num_register_tokens: learned tokens after the class token that take no position
+    embedding and are not read out (DINOv2 with registers). class_token: None gives one
+    exactly when the classifier reads it; True with classifier="gap" keeps one that the
+    average leaves out (MAE). fc_norm: the final LayerNorm after pooling instead of before
+    (MAE and BEiT fine-tuned). distilled: DeiT's distillation token after the class token,
+    with a second head; the logits are the two heads' mean and the features the two tokens'
+    mean, as DeiT infers. layer_norm_epsilon: every LayerNorm's (CLIP's are 1e-5).
     """
     config = get_config(variant)
+    class_token = classifier == "token" or distilled if class_token is None else class_token
     _check_arguments(config, image_size, num_classes, classifier, posemb, include_top,
                      attention_kernel, dropout_rate=dropout_rate,
                      attention_dropout_rate=attention_dropout_rate,
                      stochastic_depth_rate=stochastic_depth_rate)
+    _check_family_options(classifier, class_token, distilled, fc_norm, representation_size,
+                          num_register_tokens, mlp_activation)
     height, width = as_pair(image_size, "image_size")
     shape = (None, None) if dynamic_image_size else (height, width)
     inputs = keras.Input((*shape, channels), name="images")
+    tokens = TokenLayout(class_token, distilled, num_register_tokens, pre_norm,
+                         layer_norm_epsilon)
+    x = _embed(inputs, (height, width), dynamic_image_size, config, posemb, tokens)
+    x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
-                     "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias}
-    x = _encoder(inputs, (height, width), dynamic_image_size, config, classifier, posemb,
-                 dropout_rate, attention_dropout_rate, stochastic_depth_rate, block_options)
-    x = TokenPooling(classifier, dtype="float32", name=configs.POOL)(x)
+                     "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias,
+                     "qk_norm": qk_norm, "mlp_activation": mlp_activation,
+                     "norm_epsilon": layer_norm_epsilon}
+    x = _blocks(x, config, dropout_rate, attention_dropout_rate, stochastic_depth_rate,
+                block_options)
+    if not fc_norm:
+        x = layer_norm(configs.ENCODER_NORM, layer_norm_epsilon)(x)
+    encoded = x
+    x = TokenPooling(classifier, tokens.num_prefix, "mean" if distilled else 0,
+                     dtype="float32", name=configs.POOL)(x)
+    if fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype="float32",
+                                            name=configs.FC_NORM)(x)
     if representation_size:
         x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
                                kernel_initializer="lecun_normal", name=configs.PRE_LOGITS)(x)
     if include_top:
-        x = keras.layers.Dense(
-            num_classes, kernel_initializer="zeros", dtype="float32",
-            bias_initializer=keras.initializers.Constant(head_bias_init), name=configs.HEAD,
-        )(x)
+        x = (_distilled_heads(encoded, num_classes, head_bias_init) if distilled
+             else _head(configs.HEAD, num_classes, head_bias_init)(x))
     model = keras.Model(inputs, x, name=name or _model_name(variant, config))
     if weights is not None:
         load_weights(model, weights, variant=variant)
     return model
 
 
-def _encoder(images, image_size, dynamic: bool, config: ViTConfig, classifier, posemb,
-             dropout_rate, attention_dropout_rate, stochastic_depth_rate, block_options: dict):
-    """Images -> the encoder's normalised tokens (batch, tokens, D); image_size is what the
-    position embeddings are built for, fitted to each image's grid when dynamic;
-    block_options are the TransformerBlock arguments every block shares."""
+@dataclasses.dataclass(frozen=True)
+class TokenLayout:
+    """The tokens before the patch tokens, and the LayerNorm before the blocks (pre_norm):
+    [class] [distillation] [registers] patches; the position embedding covers the class and
+    distillation tokens, never the registers."""
+
+    class_token: bool
+    distilled: bool
+    num_register_tokens: int
+    pre_norm: bool
+    norm_epsilon: float
+
+    @property
+    def num_embedded_prefix(self) -> int:
+        return int(self.class_token) + int(self.distilled)
+
+    @property
+    def num_prefix(self) -> int:
+        return self.num_embedded_prefix + self.num_register_tokens
+
+
+def _embed(images, image_size, dynamic: bool, config: ViTConfig, posemb, tokens: TokenLayout):
+    """Images -> the tokens the first block takes; image_size is what the position
+    embeddings are built for, fitted to each image's grid when dynamic."""
     x = images
     if config.is_hybrid:
         x = resnet_stem(x, config.resnet_layers, config.resnet_width)
-    embedding = PatchEmbedding(config.patch_size, config.hidden_size, name=configs.EMBEDDING)
+    embedding = PatchEmbedding(config.patch_size, config.hidden_size,
+                               use_bias=not tokens.pre_norm, name=configs.EMBEDDING)
     grid = embedding.grid_size(tuple(side // config.stem_stride for side in image_size))
     x = embedding(x)
-    num_prefix = 1 if classifier == "token" else 0
-    if num_prefix:
+    if tokens.class_token:
         x = ClassToken(name=configs.CLASS_TOKEN)(x)
-    position = AddPositionEmbedding(grid, num_prefix, posemb, stride=config.cell_size,
-                                    name=configs.POSITION_EMBEDDING)
+    if tokens.distilled:
+        x = PrefixTokens(1, after=1, name=configs.DISTILLATION_TOKEN)(x)
+    position = AddPositionEmbedding(grid, tokens.num_embedded_prefix, posemb,
+                                    stride=config.cell_size, name=configs.POSITION_EMBEDDING)
     x = position(x, images=images) if dynamic else position(x)
-    x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)
+    if tokens.num_register_tokens:
+        x = PrefixTokens(tokens.num_register_tokens, after=tokens.num_embedded_prefix,
+                         stddev=1e-6, name=configs.REGISTERS)(x)
+    if tokens.pre_norm:
+        x = layer_norm(configs.PRE_NORM, tokens.norm_epsilon)(x)
+    return x
+
+
+def _blocks(x, config: ViTConfig, dropout_rate, attention_dropout_rate, stochastic_depth_rate,
+            block_options: dict):
+    """The encoder blocks; block_options are the TransformerBlock arguments all share."""
     depth = config.num_layers
     for i in range(depth):
         x = TransformerBlock(
@@ -122,7 +190,37 @@ def _encoder(images, image_size, dynamic: bool, config: ViTConfig, classifier, p
             drop_path_rate=stochastic_depth_rate * i / max(depth - 1, 1),
             name=configs.block_name(i), **block_options,
         )(x)
-    return layer_norm(configs.ENCODER_NORM)(x)
+    return x
+
+
+def _head(name: str, num_classes: int, bias_init: float) -> keras.layers.Dense:
+    return keras.layers.Dense(num_classes, kernel_initializer="zeros", dtype="float32",
+                              bias_initializer=keras.initializers.Constant(bias_init),
+                              name=name)
+
+
+def _distilled_heads(encoded, num_classes: int, bias_init: float):
+    """DeiT's inference output: the mean of the class token's head and the distillation
+    token's head_dist."""
+    logits = [_head(name, num_classes, bias_init)(
+        TokenPooling("token", token=index, dtype="float32", name=pool)(encoded))
+        for index, pool, name in ((0, "pool_cls", configs.HEAD),
+                                  (1, configs.POOL_DIST, configs.HEAD_DIST))]
+    return keras.layers.Average(dtype="float32", name="logits")(logits)
+
+
+def _check_family_options(classifier, class_token, distilled, fc_norm, representation_size,
+                          num_register_tokens, mlp_activation) -> None:
+    check_mlp_activation(mlp_activation)
+    if classifier == "token" and not class_token:
+        raise ValueError("classifier='token' reads the class token: it needs class_token=True")
+    if distilled and not (class_token and classifier == "token"):
+        raise ValueError("distilled=True (DeiT) needs the class token and classifier='token'")
+    if distilled and (fc_norm or representation_size):
+        raise ValueError("distilled=True (DeiT) has neither fc_norm nor representation_size")
+    if not isinstance(num_register_tokens, int) or num_register_tokens < 0:
+        raise ValueError(f"num_register_tokens must be an int >= 0, got "
+                         f"{num_register_tokens!r}")
 
 
 def _check_arguments(config, image_size, num_classes, classifier, posemb, include_top,

@@ -3,6 +3,7 @@ with weight decay on kernels only, callbacks that let an interrupted run resume.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -58,6 +59,23 @@ RECIPES: dict[str, Recipe] = {
                             crop="none", flip=True,
                             source="this repository (README, main job)"),
 }
+
+
+def with_options(recipe: Recipe, options: list[str]) -> Recipe:
+    """The recipe with "field=value" changes (value a Python literal, else a string), as the
+    apps' --recipe-option gives them."""
+    fields = {field.name for field in dataclasses.fields(Recipe)}
+    changes = {}
+    for option in options:
+        name, equals, text = option.partition("=")
+        if not equals or name not in fields:
+            raise ValueError(f"recipe option {option!r}: expected FIELD=VALUE with FIELD one "
+                             f"of {', '.join(sorted(fields))}")
+        try:
+            changes[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            changes[name] = text
+    return dataclasses.replace(recipe, **changes)
 
 
 def pipeline_options(recipe: Recipe) -> dict:

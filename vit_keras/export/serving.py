@@ -57,12 +57,15 @@ class ClassTokenFolded(keras.Model):
     @classmethod
     def applies_to(cls, model: keras.Model, image_size=None) -> bool:
         """vit()'s chain with a class token: cls, position embedding, blocks, ..., output;
+        no other token or norm before the blocks (registers, distillation token, pre_norm);
         at the image size its position embedding is built for (image_size, default the
         model's input size)."""
         names = [layer.name for layer in model.layers]
         first_block = configs.block_name(0)
         if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING,
                 first_block} <= set(names):
+            return False
+        if {configs.REGISTERS, configs.DISTILLATION_TOKEN, configs.PRE_NORM} & set(names):
             return False
         if tuple(image_size or model.input.shape[1:3]) != built_image_size(model):
             return False

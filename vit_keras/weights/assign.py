@@ -21,7 +21,10 @@ POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # learned2d's tables: one axis each, (rows or columns, D/2).
 AXIS_POSEMB_KEYS = ("Transformer/posembed_input/row_embedding",
                     "Transformer/posembed_input/col_embedding")
-HEAD_KEYS = ("head/kernel", "head/bias")
+# The heads a new task replaces: the paper's, and DeiT's second (distilled=True).
+# The prefix tokens a position embedding covers (class, DeiT's distillation), in order.
+EMBEDDED_PREFIX = ("cls", "dist_token/tokens")
+HEAD_KEYS = ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias")
 BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/")
 # Parts that only some models have, by vk.vit() option: (key pattern, what the part is, the
 # option that gives a model the part, the option that leaves it out).
@@ -30,6 +33,18 @@ MODEL_OPTIONS = (
      "layer_scale=None"),
     (re.compile(r"MultiHeadDotProductAttention_1/(query|key|value)/bias$"),
      "query/key/value biases", "qkv_bias=True", "qkv_bias=False"),
+    (re.compile(r"MultiHeadDotProductAttention_1/(query|key)_norm/scale$"),
+     "query/key normalisation", "qk_norm=True", "qk_norm=False"),
+    (re.compile(r"^Transformer/pre_norm/scale$"), "a LayerNorm before the blocks",
+     "pre_norm=True", "pre_norm=False"),
+    (re.compile(r"^embedding/bias$"), "a patch-embedding bias", "pre_norm=False",
+     "pre_norm=True"),
+    (re.compile(r"^fc_norm/scale$"), "a LayerNorm after pooling", "fc_norm=True",
+     "fc_norm=False"),
+    (re.compile(r"^registers/tokens$"), "register tokens", "num_register_tokens=<the count>",
+     "num_register_tokens=0"),
+    (re.compile(r"^dist_token/tokens$"), "DeiT's distillation token", "distilled=True",
+     "distilled=False"),
 )
 
 
@@ -125,7 +140,7 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
                              f"(the model needs shape {expected})")
         value = params[key].astype("float32")
         if key == POSEMB_KEY:
-            ckpt_prefix = 0 if grid_only_posemb or "cls" not in params else 1
+            ckpt_prefix = 0 if grid_only_posemb else sum(k in params for k in EMBEDDED_PREFIX)
             value, note = _fit_posemb(model, value, ckpt_prefix, resample)
             if note:
                 report.resampled[key] = note
@@ -136,14 +151,15 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
             raise ValueError(f"{source}: shape mismatch for {key!r}: the model expects "
                              f"{expected}, the checkpoint has {tuple(value.shape)}")
         values[key] = value
-    head_shapes = [tuple(targets[k].shape) for k in HEAD_KEYS if k in targets]
-    if head_shapes:
+    heads = [k for k in HEAD_KEYS if k in targets]
+    if heads:
+        head_shapes = [tuple(targets[k].shape) for k in heads]
         found = [tuple(params[k].shape) for k in HEAD_KEYS if k in params]
         if found == head_shapes:
-            values.update({k: params[k].astype("float32") for k in HEAD_KEYS})
+            values.update({k: params[k].astype("float32") for k in heads})
         else:
-            values.update({k: np.zeros(targets[k].shape, "float32") for k in HEAD_KEYS})
-            report.reinitialised = list(HEAD_KEYS)
+            values.update({k: np.zeros(targets[k].shape, "float32") for k in heads})
+            report.reinitialised = heads
             warnings.warn(f"{source}: head {found or 'absent'} does not fit the model's "
                           f"{head_shapes}; the head is zero-initialised (fine-tuning convention)",
                           stacklevel=3)
@@ -152,7 +168,8 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
     report.loaded = sorted(set(values) - set(report.reinitialised))
     used = set(values) - set(report.reinitialised)
     leftover = sorted(set(params) - used)
-    report.dropped = [k for k in leftover if k.startswith(("pre_logits/", "head/")) or k == "cls"]
+    report.dropped = [k for k in leftover
+                      if k.startswith(("pre_logits/", "head/", "head_dist/")) or k == "cls"]
     report.unused = [k for k in leftover if k not in report.dropped]
     if report.unused:
         warnings.warn(f"{source}: unused keys {report.unused}", stacklevel=3)

@@ -8,13 +8,15 @@ import keras
 
 from vit_keras.weights import pretrained
 from vit_keras.weights.assign import LoadReport, load_params
+from vit_keras.weights.keras_hub import load_keras_hub
 from vit_keras.weights.npz import load_npz, model_params, save_npz
 from vit_keras.weights.pytorch import TORCH_SUFFIXES, load_pytorch_weights
 
 
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
     """Loads `weights` into `model`, choosing the reader by the file name: official .npz,
-    .keras, .weights.h5, or timm / Hugging Face weights (.safetensors, .pth, .pt, .bin). A
+    .keras, .weights.h5, timm / Hugging Face weights (.safetensors, .pth, .pt, .bin), or a
+    keras-hub preset directory (metadata.json; vit_keras.weights.keras_hub). A
     pre-trained name (vit_keras.weights.pretrained) is fetched first for `variant`. A .keras
     model's weights load by name, as an .npz file's do, so its position embeddings are
     resampled for a model of another image size. Returns what the readers report, None for
@@ -22,6 +24,8 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
     path = os.fspath(pretrained.resolve(weights, variant))
     if not os.path.exists(path):
         raise FileNotFoundError(f"weights file {path!r} does not exist")
+    if os.path.isdir(path) and os.path.exists(os.path.join(path, "metadata.json")):
+        return load_keras_hub(model, path)
     if path.endswith(".weights.h5"):
         model.load_weights(path)
     elif path.endswith(".keras"):
@@ -33,7 +37,8 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
         return load_pytorch_weights(model, path)
     else:
         raise ValueError(f"weights {path!r}: expected a .npz, .keras, .weights.h5 or "
-                         f"{', '.join(TORCH_SUFFIXES)} file, or a pre-trained name "
+                         f"{', '.join(TORCH_SUFFIXES)} file, a keras-hub preset directory, or "
+                         "a pre-trained name "
                          f"({', '.join(pretrained.names())})")
     return None
 

@@ -25,6 +25,7 @@ class Checkpoint:
     resolution: int
     num_classes: int  # 0: the file has no head (build with include_top=False)
     base: str = BASE_URL
+    architecture: str | None = None  # timm's model that runs the file, if not its own name
 
     @property
     def timm_model(self) -> str | None:
@@ -32,7 +33,7 @@ class Checkpoint:
         on the Hub, None for Google's files."""
         if self.base != HUB_URL:
             return None
-        return self.path.split("/resolve/")[0].removeprefix("timm/")
+        return self.architecture or self.path.split("/resolve/")[0].removeprefix("timm/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +46,16 @@ class Release:
     options: dict = dataclasses.field(default_factory=dict)  # the vk.vit() arguments they need
 
 
-def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000) -> Checkpoint:
+def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000,
+          architecture: str | None = None) -> Checkpoint:
     """A timm file on the Hugging Face Hub, e.g. "timm/deit_base_patch16_224.fb_in1k"."""
     return Checkpoint(f"{hub_id}/resolve/main/model.safetensors", resolution, num_classes,
-                      base=HUB_URL)
+                      base=HUB_URL, architecture=architecture)
 
 
 _EXACT = {"approximate_gelu": False}
+_CLIP = {"pre_norm": True, "layer_norm_epsilon": 1e-5}
+_SIZES = {"Ti": "tiny", "S": "small", "B": "base", "L": "large"}
 
 
 def _original(variant: str) -> str:
@@ -139,6 +143,33 @@ PRETRAINED: dict[str, Release] = {
         {v: _timm(f"timm/vit_{size}_patch14_dinov2.lvd142m", 518, 0)
          for v, size in (("S/14", "small"), ("B/14", "base"), ("L/14", "large"))},
         {**_EXACT, "layer_scale": 1e-5, "include_top": False}),
+    "dinov2_reg": Release(
+        "DINOv2 with registers (Darcet et al. 2024): four register tokens, otherwise as "
+        "dinov2", "Apache-2.0",
+        {f"{v}/14": _timm(f"timm/vit_{_SIZES[v]}_patch14_reg4_dinov2.lvd142m", 518, 0)
+         for v in ("S", "B", "L")},
+        {**_EXACT, "layer_scale": 1e-5, "num_register_tokens": 4, "include_top": False}),
+    "deit_distilled_in1k": Release(
+        "DeiT distilled from a RegNetY-16GF teacher: ImageNet-1k, class and distillation "
+        "tokens, the two heads' mean", "Apache-2.0",
+        {f"{v}/16": _timm(f"timm/deit_{_SIZES[v]}_distilled_patch16_224.fb_in1k")
+         for v in ("Ti", "S", "B")},
+        {**_EXACT, "distilled": True}),
+    # OpenAI's weights run with QuickGELU, which timm builds as the _quickgelu variant.
+    "clip_openai": Release(
+        "CLIP image tower (Radford et al. 2021), OpenAI's WIT-400M weights; the head is the "
+        "projection into the 512-wide image-text space", "MIT",
+        {"B/16": _timm("timm/vit_base_patch16_clip_224.openai", num_classes=512,
+                       architecture="vit_base_patch16_clip_quickgelu_224.openai"),
+         "B/32": _timm("timm/vit_base_patch32_clip_224.openai", num_classes=512,
+                       architecture="vit_base_patch32_clip_quickgelu_224.openai")},
+        {**_EXACT, **_CLIP, "mlp_activation": "quick_gelu"}),
+    "clip_laion2b": Release(
+        "CLIP image tower trained by OpenCLIP on LAION-2B; the head is the projection into "
+        "the 512-wide image-text space", "MIT",
+        {"B/16": _timm("timm/vit_base_patch16_clip_224.laion2b", num_classes=512),
+         "B/32": _timm("timm/vit_base_patch32_clip_224.laion2b", num_classes=512)},
+        {**_EXACT, **_CLIP}),
 }
 
 

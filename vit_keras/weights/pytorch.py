@@ -2,10 +2,11 @@
 
 Both are rewritten into the canonical (pre-Linen .npz) names, transposing kernels, and then
 loaded by vit_keras.weights.assign.load_params. Reading is strict: every key of the state dict
-is used or reported, a key of a feature vit_keras does not load (register tokens, qk-norm,
-...) is refused by name, a class token is refused by a model without one, and a missing key
-is a ValueError naming it. Build the model with approximate_gelu=False for these files: they
-were trained (or converted to run) with the exact erf GELU.
+is used or reported, a key of a feature vit_keras does not load (a gated MLP, attention
+pooling, ...) is refused by name, a part the model and the file do not share (LayerScale,
+qk-norm, registers, ...) is refused naming the vk.vit() option, and a missing key is a
+ValueError naming it. Build the model with approximate_gelu=False for these files: they were
+trained (or converted to run) with the exact erf GELU.
 """
 
 from __future__ import annotations
@@ -25,22 +26,18 @@ TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
 # Keys of features vit_keras' model does not have, by layout: (pattern, what the feature is).
 TIMM_UNREPRESENTABLE = (
-    (r"blocks\.\d+\.attn\.[qk]_norm\.", "query/key normalisation (timm qk_norm=True)"),
-    (r"^norm_pre\.", "a LayerNorm before the encoder (timm pre_norm=True; CLIP)"),
-    (r"^reg_token$", "register tokens (timm reg_tokens; DINOv2 with registers)"),
-    (r"^fc_norm\.", "a LayerNorm after pooling (timm fc_norm; MAE, BEiT fine-tuned)"),
-    (r"^(dist_token|head_dist\.)", "DeiT's distillation token"),
     (r"blocks\.\d+\.(attn|mlp)\.norm\.", "a LayerNorm inside attention or the MLP "
                                          "(timm scale_attn_norm / scale_mlp_norm)"),
     (r"blocks\.\d+\.mlp\.(fc1_[gx]|w12|w3)\.", "a gated (SwiGLU) MLP"),
     (r"^attn_pool\.", "attention pooling (timm global_pool='map')"),
 )
 HUGGINGFACE_UNREPRESENTABLE = (
-    (r"layer_scale\d\.lambda1$", "Hugging Face's DINOv2 layout (timm's DINOv2 files load, "
-                                  "with layer_scale=1e-5)"),
-    (r"embeddings\.register_tokens$", "register tokens (DINOv2 with registers)"),
-    (r"distillation_(token|classifier)", "DeiT's distillation token"),
     (r"mlp\.weights_(in|out)\.", "a gated (SwiGLU) MLP"),
+)
+HUGGINGFACE_DINOV2_UNREPRESENTABLE = (
+    *TIMM_UNREPRESENTABLE,
+    (r"^classifier\.", "Hugging Face's DINOv2 classifier (on the class token and the mean "
+                       "patch token side by side)"),
 )
 # Keys that change nothing the model computes: listed in the report's unused keys.
 HARMLESS = (r"num_batches_tracked$", r"(^|\.)mask_token$")
@@ -136,12 +133,41 @@ def _block(prefix, norm1, qkv, proj, norm2, fc1, fc2, num_heads):
 
 
 def _common(cls, posemb, patch_weight, patch_bias, norm):
-    params = {"embedding/kernel": patch_weight.transpose(2, 3, 1, 0), "embedding/bias": patch_bias,
-              "Transformer/posembed_input/pos_embedding": posemb,
-              "Transformer/encoder_norm/scale": norm[0], "Transformer/encoder_norm/bias": norm[1]}
-    if cls is not None:
-        params["cls"] = cls
+    """The arrays every layout has; cls and patch_bias may be None (no class token; CLIP's
+    bias-free patch embedding), norm too (fc_norm models: the norm is after pooling)."""
+    params = {"embedding/kernel": patch_weight.transpose(2, 3, 1, 0), POSEMB_KEY: posemb}
+    optional = {"cls": cls, "embedding/bias": patch_bias}
+    if norm is not None:
+        optional.update({"Transformer/encoder_norm/scale": norm[0],
+                         "Transformer/encoder_norm/bias": norm[1]})
+    params.update({k: v for k, v in optional.items() if v is not None})
     return params
+
+
+def _norm(params: dict, state: StateDict, key: str, canonical: str) -> None:
+    """A LayerNorm `key` (weight, bias) of the state dict, if present, as `canonical`."""
+    if key + ".weight" in state:
+        params[canonical + "/scale"], params[canonical + "/bias"] = state.pair(key)
+
+
+def _timm_prefix_tokens(state: StateDict, params: dict) -> None:
+    """Register tokens (timm's reg_token, DINOv2's register_tokens) and DeiT's distillation
+    token. Where the position embedding also covers the registers (timm no_embed_class=False),
+    their rows are constants added to the tokens, folded into them here."""
+    registers = state.optional("reg_token")
+    if registers is None:
+        registers = state.optional("register_tokens")
+    if "dist_token" in state:
+        params["dist_token/tokens"] = state.take("dist_token")
+    if registers is None:
+        return
+    posemb, count = params[POSEMB_KEY], registers.shape[1]
+    first = int("cls" in params) + int("dist_token/tokens" in params)
+    patches = posemb.shape[1] - first - count
+    if patches > 0 and int(round(patches**0.5)) ** 2 == patches:
+        registers = registers + posemb[:, first:first + count]
+        params[POSEMB_KEY] = np.concatenate([posemb[:, :first], posemb[:, first + count:]], 1)
+    params["registers/tokens"] = registers
 
 
 def _depth(state: StateDict, prefix: str) -> int:
@@ -151,8 +177,13 @@ def _depth(state: StateDict, prefix: str) -> int:
 
 
 def from_timm(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
+    norm = state.pair("norm") if "norm.weight" in state or "fc_norm.weight" not in state else None
     params = _common(state.optional("cls_token"), state.take("pos_embed"),
-                     *state.pair("patch_embed.proj"), state.pair("norm"))
+                     state.take("patch_embed.proj.weight"),
+                     state.optional("patch_embed.proj.bias"), norm)
+    _timm_prefix_tokens(state, params)
+    _norm(params, state, "norm_pre", "Transformer/pre_norm")
+    _norm(params, state, "fc_norm", "fc_norm")
     for i in range(_depth(state, "blocks.")):
         b, canonical = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
         qkv_bias = state.optional(b + "attn.qkv.bias")  # absent: timm's qkv_bias=False
@@ -164,9 +195,13 @@ def from_timm(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
         for j in range(2):  # LayerScale (timm's init_values)
             if f"{b}ls{j + 1}.gamma" in state:
                 params[f"{canonical}LayerScale_{j}/scale"] = state.take(f"{b}ls{j + 1}.gamma")
-    if "head.weight" in state:
-        weight, bias = state.pair("head")
-        params["head/kernel"], params["head/bias"] = weight.T, bias
+        attention = canonical + "MultiHeadDotProductAttention_1/"
+        _norm(params, state, b + "attn.q_norm", attention + "query_norm")
+        _norm(params, state, b + "attn.k_norm", attention + "key_norm")
+    for head in ("head", "head_dist"):
+        if head + ".weight" in state:
+            weight, bias = state.pair(head)
+            params[head + "/kernel"], params[head + "/bias"] = weight.T, bias
     return params
 
 
@@ -204,19 +239,62 @@ def from_huggingface(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
                              state.pair(b + "layernorm_after"),
                              state.pair(b + "intermediate.dense"),
                              state.pair(b + "output.dense"), num_heads))
+    if "embeddings.distillation_token" in state:  # DeiT
+        params["dist_token/tokens"] = state.take("embeddings.distillation_token")
     if "pooler.dense.weight" in state:  # ViTModel's pooler is the paper's tanh pre_logits
         weight, bias = state.pair("pooler.dense")
         params["pre_logits/kernel"], params["pre_logits/bias"] = weight.T, bias
-    if "classifier.weight" in state:
-        weight, bias = state.pair("classifier")
-        params["head/kernel"], params["head/bias"] = weight.T, bias
+    # ViTForImageClassification's head; DeiT's two (the class and distillation tokens')
+    for name, canonical in (("classifier", "head"), ("cls_classifier", "head"),
+                            ("distillation_classifier", "head_dist")):
+        if name + ".weight" in state:
+            weight, bias = state.pair(name)
+            params[canonical + "/kernel"], params[canonical + "/bias"] = weight.T, bias
     return params
 
 
 def _huggingface_names(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Hub names without the task model's `vit.` prefix."""
-    prefix = "vit." if any(k.startswith("vit.") for k in arrays) else ""
+    """Hub names without the task model's `vit.` or `deit.` prefix."""
+    prefix = next((p for p in ("vit.", "deit.") if any(k.startswith(p) for k in arrays)), "")
     return {_hub_name(k.removeprefix(prefix)): v for k, v in arrays.items()}
+
+
+# Hugging Face's DINOv2 names (the hub's and transformers 5's) -> timm's, block by block.
+_HF_DINOV2_BLOCK = (("attention.attention.query.", "q."), ("attention.attention.key.", "k."),
+                    ("attention.attention.value.", "v."), ("attention.q_proj.", "q."),
+                    ("attention.k_proj.", "k."), ("attention.v_proj.", "v."),
+                    ("attention.output.dense.", "attn.proj."), ("attention.o_proj.", "attn.proj."),
+                    ("layer_scale1.lambda1", "ls1.gamma"), ("layer_scale2.lambda1", "ls2.gamma"))
+_HF_DINOV2_OUTSIDE = {"embeddings.cls_token": "cls_token", "embeddings.mask_token": "mask_token",
+                      "embeddings.position_embeddings": "pos_embed",
+                      "embeddings.register_tokens": "register_tokens",
+                      "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+                      "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+                      "layernorm.weight": "norm.weight", "layernorm.bias": "norm.bias"}
+
+
+def _dinov2_to_timm_names(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Hugging Face's Dinov2Model / Dinov2WithRegistersModel as the original DINOv2 (timm)
+    layout: its separate query, key and value joined into timm's qkv."""
+    out, qkv = {}, {}
+    for key, value in arrays.items():
+        key = key.removeprefix("dinov2.")
+        match = re.match(r"^encoder\.layer\.(\d+)\.(.+)$", key)
+        if not match:
+            out[_HF_DINOV2_OUTSIDE.get(key, key)] = value
+            continue
+        index, rest = match.groups()
+        for hf, timm in _HF_DINOV2_BLOCK:
+            if rest.startswith(hf):
+                rest = timm + rest[len(hf):]
+        if rest[:2] in ("q.", "k.", "v."):
+            qkv.setdefault((index, rest[2:]), {})[rest[0]] = value
+        else:
+            out[f"blocks.{index}.{rest}"] = value
+    for (index, part), arrays_qkv in qkv.items():
+        out[f"blocks.{index}.attn.qkv.{part}"] = np.concatenate(
+            [arrays_qkv[name] for name in "qkv"])
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +311,8 @@ class Layout:
 
 LAYOUTS = (
     Layout("timm state dict", "patch_embed.proj.weight", from_timm, TIMM_UNREPRESENTABLE),
+    Layout("Hugging Face DINOv2 state dict", ".layer_scale1.lambda1", from_timm,
+           HUGGINGFACE_DINOV2_UNREPRESENTABLE, _dinov2_to_timm_names),
     Layout("Hugging Face ViT state dict", "embeddings.patch_embeddings.projection.weight",
            from_huggingface, HUGGINGFACE_UNREPRESENTABLE, _huggingface_names),
 )
@@ -262,7 +342,8 @@ def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
                    if any(k.endswith(layout.marker) for k in arrays)), None)
     if layout is None:
         raise ValueError(f"{name}: neither a timm ViT (patch_embed.proj.weight) nor a Hugging "
-                         "Face ViT (embeddings.patch_embeddings.projection.weight) state dict")
+                         "Face ViT, DeiT or DINOv2 (embeddings.patch_embeddings.projection."
+                         "weight) state dict")
     state = StateDict(layout.rename(arrays), name, layout.name)
     refuse_unrepresentable(state, layout.unrepresentable)
     targets = model_variables(model)

@@ -36,7 +36,6 @@ def build_parser():
     group.add_argument("--color-channels", type=int, default=None, choices=[1, 3],
                        help="3: colour targets (512 classes); 1: grayscale intensity (8); "
                             "default 1 for Fashion-MNIST, else 3")
-    group.add_argument("--seed", type=int, default=0, help="seed of the corruption draws")
     return parser
 
 
@@ -53,6 +52,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     fill_pretrain_defaults(args)
     started = time.time()
+    keras.utils.set_random_seed(args.seed)  # --seed (apps.train's) also seeds the corruption
     recipe = train.recipe_from_arguments(args)
     run_dir = args.run_dir or os.path.join(
         "runs", "pretrain_" + os.path.basename(args.folder or args.dataset))

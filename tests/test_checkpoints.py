@@ -374,6 +374,8 @@ TIMM_OPTIONS = {
     "no_embed_class": ({"no_embed_class": True}, {}),
     "deit3": ({"init_values": 0.1, "no_embed_class": True}, {"layer_scale": 1.0}),
     "qk_norm": ({"qk_norm": True}, {"qk_norm": True}),
+    "proj_bias": ({"proj_bias": False, "qkv_bias": False},
+                  {"proj_bias": False, "qkv_bias": False}),
     "pre_norm": ({"pre_norm": True}, {"pre_norm": True}),
     # OpenAI's CLIP image tower as timm builds it
     "clip": ({"pre_norm": True, "act_layer": "quick_gelu",
@@ -423,6 +425,9 @@ def test_timm_options_load_with_the_matching_model_and_match_timm(option, tmp_pa
     ({}, {"qkv_bias": False}, "the checkpoint has query/key/value biases ('Transformer/"
                               "encoderblock_0/MultiHeadDotProductAttention_1/query/bias'), the "
                               "model has not; build it with qkv_bias=True"),
+    ({"proj_bias": False}, {}, "the model has attention-output and MLP biases ('Transformer/"
+                               "encoderblock_0/MultiHeadDotProductAttention_1/out/bias'), the "
+                               "checkpoint has not; build it with proj_bias=False"),
     ({"qk_norm": True}, {}, "the checkpoint has query/key normalisation ('Transformer/"
                             "encoderblock_0/MultiHeadDotProductAttention_1/query_norm/scale'), "
                             "the model has not; build it with qk_norm=True"),

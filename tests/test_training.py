@@ -200,3 +200,31 @@ def test_end_to_end_on_real_fashion_mnist(tmp_path):
     assert loaded.output.shape[-1] == 10
     assert (tmp_path / "labels.txt").read_text().splitlines()[0] == "T-shirt/top"
     assert keras.ops.convert_to_numpy(loaded(images(1, 28, 28))).shape == (1, 10)
+
+
+def test_recipe_options_change_one_field_and_unknown_ones_are_refused():
+    recipe = training.with_options(training.RECIPES["fashion_mnist"],
+                                   ["label_smoothing=0.1", "flip=False", "crop=pad2",
+                                    "randaugment=(2, 0.5)"])
+    assert (recipe.label_smoothing, recipe.flip, recipe.crop, recipe.randaugment) == (
+        0.1, False, "pad2", (2, 0.5))
+    assert recipe.learning_rate == training.RECIPES["fashion_mnist"].learning_rate
+    with pytest.raises(ValueError, match=r"recipe option 'smoothing=0.1': expected FIELD=VALUE "
+                                         "with FIELD one of"):
+        training.with_options(recipe, ["smoothing=0.1"])
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+def test_seed_makes_a_run_repeatable(tmp_path):
+    from apps import train
+
+    def first_loss(seed, name):
+        # without flips: tf.data's parallel map draws them in no fixed order
+        flags = ["--limit", "256", "--epochs", "1", "--eval-limit", "64", "--seed", str(seed),
+                 "--recipe-option", "flip=False", "--run-dir", str(tmp_path / name),
+                 *TINY_FLAGS]
+        train.main(flags)
+        return json.loads((tmp_path / name / "history.json").read_text())["0"]["loss"]
+
+    assert first_loss(3, "a") == first_loss(3, "b")
+    assert first_loss(4, "c") != first_loss(3, "a")

@@ -222,19 +222,20 @@ def inception_crop(image, area_range=(0.05, 1.0), seed=None):
     return tf.slice(image, begin, size)
 
 
-def pad_crop(image, padding: int):
+def pad_crop(image, padding: int, seed=None):
     """Random translation by up to `padding` pixels (small-image augmentation)."""
     shape = tf.shape(image)
     padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
-    return tf.image.random_crop(padded, shape)
+    return tf.image.random_crop(padded, shape, seed=seed)
 
 
 def _resize(image, size):
     return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, size)), 0, 255), tf.uint8)
 
 
-def _prepare(size, num_classes, channels, training, crop, flip):
-    """The per-image map: channels, the training crop and flip, resize, one-hot label."""
+def _prepare(size, num_classes, channels, training, crop, flip, seed=None):
+    """The per-image map: channels, the training crop and flip, resize, one-hot label; seed
+    makes the crops and flips repeatable."""
     if crop not in ("none", "inception") and not crop.startswith("pad"):
         raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
 
@@ -245,11 +246,11 @@ def _prepare(size, num_classes, channels, training, crop, flip):
             image = tf.repeat(image, 3, axis=-1)
         if training:
             if crop == "inception":
-                image = inception_crop(image)
+                image = inception_crop(image, seed=seed)
             elif crop.startswith("pad"):
-                image = pad_crop(image, int(crop[3:] or 4))
+                image = pad_crop(image, int(crop[3:] or 4), seed)
             if flip:
-                image = tf.image.random_flip_left_right(image)
+                image = tf.image.random_flip_left_right(image, seed=seed)
         image = tf.ensure_shape(_resize(image, size), (*size, channels))  # static for layers
         return image, tf.one_hot(label, num_classes)
 
@@ -306,7 +307,7 @@ def make_pipeline(
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.map(_prepare(size, num_classes, channels, training, crop, flip),
+    dataset = dataset.map(_prepare(size, num_classes, channels, training, crop, flip, seed),
                           num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)

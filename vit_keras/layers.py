@@ -211,19 +211,20 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     itself is computed (vit_keras.kernels.ATTENTION_KERNELS). qkv_bias=False leaves out the
     biases of query, key and value (timm's qkv_bias=False); out keeps its bias.
     qk_norm: a LayerNorm over each head's query and key before their product (Dehghani et al.
-    2023; timm's qk_norm), with norm_epsilon.
+    2023; timm's qk_norm), with norm_epsilon. proj_bias=False: out without bias.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
 
     def __init__(self, num_heads: int, dropout_rate: float = 0.0,
                  attention_kernel: str = "auto", qkv_bias: bool = True, qk_norm: bool = False,
-                 norm_epsilon: float = LAYER_NORM_EPSILON, sublayers: dict | None = None,
-                 **kwargs):
+                 norm_epsilon: float = LAYER_NORM_EPSILON, proj_bias: bool = True,
+                 sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
         self.qkv_bias = qkv_bias
+        self.proj_bias = proj_bias
         self.qk_norm = qk_norm
         self.norm_epsilon = norm_epsilon
         self.qk_norms = ([layer_norm(name, norm_epsilon) for name in ("query_norm", "key_norm")]
@@ -251,7 +252,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
             projection("nd,dhk->nhk", (self.num_heads, head_dim),
                        "hk" if self.qkv_bias else None, name)
             for name in ("query", "key", "value"))
-        self.out = projection("nhk,hkd->nd", (width,), "d", "out")
+        self.out = projection("nhk,hkd->nd", (width,), "d" if self.proj_bias else None, "out")
         for layer in (self.query, self.key, self.value):
             layer.build((None, width))
         self.out.build((None, self.num_heads, head_dim))
@@ -283,7 +284,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 "dropout_rate": self.dropout_rate,
                 "attention_kernel": self.attention_kernel, "qkv_bias": self.qkv_bias,
                 "qk_norm": self.qk_norm, "norm_epsilon": self.norm_epsilon,
-                "sublayers": self.sublayer_configs()}
+                "proj_bias": self.proj_bias, "sublayers": self.sublayer_configs()}
 
 
 @_register
@@ -292,25 +293,28 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
 
     approximate_gelu: the tanh GELU of the official checkpoints, or the exact erf GELU of
     timm and Hugging Face. activation: a name in MLP_ACTIVATIONS ("quick_gelu" for OpenAI's
-    CLIP). The Dense layers see the tokens as one (batch * tokens, D) matrix, the shape every
-    backend's matrix multiply takes directly.
+    CLIP). use_bias=False: both Dense layers without biases. The Dense layers see the tokens
+    as one (batch * tokens, D) matrix, the shape every backend's matrix multiply takes
+    directly.
     """
 
     SUBLAYERS = (("dense_0", "Dense_0"), ("dense_1", "Dense_1"))
 
     def __init__(self, mlp_dim: int, dropout_rate: float = 0.0, approximate_gelu: bool = True,
-                 activation: str = "gelu", sublayers: dict | None = None, **kwargs):
+                 activation: str = "gelu", use_bias: bool = True, sublayers: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = mlp_dim
         self.dropout_rate = dropout_rate
         self.approximate_gelu = approximate_gelu
         self.activation = check_mlp_activation(activation)
+        self.use_bias = use_bias
         self.dropout = keras.layers.Dropout(dropout_rate)
         self._init_sublayers(sublayers)
 
     def build(self, input_shape):
         def dense(units, name):
-            return self._sublayer(keras.layers.Dense, name, units=units,
+            return self._sublayer(keras.layers.Dense, name, units=units, use_bias=self.use_bias,
                                   kernel_initializer="glorot_uniform",
                                   bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
 
@@ -332,7 +336,8 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "mlp_dim": self.mlp_dim,
                 "dropout_rate": self.dropout_rate, "approximate_gelu": self.approximate_gelu,
-                "activation": self.activation, "sublayers": self.sublayer_configs()}
+                "activation": self.activation, "use_bias": self.use_bias,
+                "sublayers": self.sublayer_configs()}
 
 
 @_register
@@ -378,6 +383,8 @@ class TransformerBlock(keras.layers.Layer):
     layer_scale: LayerScale's initial value on both branches, z' = ls(MSA(LN(z))) + z; None
     (the paper's block) for none. qkv_bias, qk_norm: see MultiHeadDotProductAttention;
     mlp_activation: see MlpBlock. norm_epsilon: every LayerNorm's (CLIP's are 1e-5).
+    proj_bias=False: attention's output projection and the MLP without biases (timm's
+    proj_bias).
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -385,8 +392,8 @@ class TransformerBlock(keras.layers.Layer):
                  approximate_gelu: bool = True, attention_kernel: str = "auto",
                  remat: bool = False, seed: int | None = None, layer_scale: float | None = None,
                  qkv_bias: bool = True, qk_norm: bool = False, mlp_activation: str = "gelu",
-                 norm_epsilon: float = LAYER_NORM_EPSILON, sublayers: dict | None = None,
-                 **kwargs):
+                 norm_epsilon: float = LAYER_NORM_EPSILON, proj_bias: bool = True,
+                 sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate):
             raise ValueError(
@@ -407,16 +414,17 @@ class TransformerBlock(keras.layers.Layer):
         self.qk_norm = qk_norm
         self.mlp_activation = mlp_activation
         self.norm_epsilon = norm_epsilon
+        self.proj_bias = proj_bias
         self.norm_0 = layer_norm("LayerNorm_0", norm_epsilon)
         sublayers = sublayers or {}
         self.attention = MultiHeadDotProductAttention(
             num_heads, attention_dropout_rate, attention_kernel, qkv_bias, qk_norm,
-            norm_epsilon, sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
+            norm_epsilon, proj_bias, sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
             name="MultiHeadDotProductAttention_1")
         self.branch_scales = [LayerScale(layer_scale, name=f"LayerScale_{i}")
                               for i in range(2)] if layer_scale is not None else []
         self.norm_2 = layer_norm("LayerNorm_2", norm_epsilon)
-        self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu, mlp_activation,
+        self.mlp = MlpBlock(mlp_dim, dropout_rate, approximate_gelu, mlp_activation, proj_bias,
                             sublayers=sublayers.get("MlpBlock_3"), name="MlpBlock_3")
         self.dropout = keras.layers.Dropout(dropout_rate)
         self.seed_generator = keras.random.SeedGenerator(seed) if drop_path_rate else None
@@ -468,7 +476,7 @@ class TransformerBlock(keras.layers.Layer):
                 "attention_kernel": self.attention_kernel, "remat": self.remat,
                 "seed": self.seed, "layer_scale": self.layer_scale, "qkv_bias": self.qkv_bias,
                 "qk_norm": self.qk_norm, "mlp_activation": self.mlp_activation,
-                "norm_epsilon": self.norm_epsilon,
+                "norm_epsilon": self.norm_epsilon, "proj_bias": self.proj_bias,
                 "sublayers": {"MultiHeadDotProductAttention_1": self.attention.sublayer_configs(),
                               "MlpBlock_3": self.mlp.sublayer_configs()}}
 

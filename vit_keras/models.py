@@ -43,6 +43,7 @@ def vit(
     remat: bool = False,
     layer_scale: float | None = None,
     qkv_bias: bool = True,
+    proj_bias: bool = True,
     qk_norm: bool = False,
     pre_norm: bool = False,
     mlp_activation: str = "gelu",
@@ -81,7 +82,8 @@ def vit(
     The options of the weight families after the paper (docs/weights.md), each off by
     default, named as timm names them:
     layer_scale: LayerScale's initial value on every residual branch (DeiT III, DINOv2).
-    qkv_bias=False: query, key and value without biases. qk_norm: LayerNorm on each head's
+    qkv_bias=False: query, key and value without biases; proj_bias=False: attention's output
+    projection and the MLP without biases. qk_norm: LayerNorm on each head's
     query and key. pre_norm: a LayerNorm before the first block, and a patch embedding
     without bias (CLIP). mlp_activation: "gelu" or "quick_gelu" (OpenAI's CLIP).
     num_register_tokens: learned tokens after the class token that take no position
@@ -110,23 +112,13 @@ def vit(
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
                      "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias,
                      "qk_norm": qk_norm, "mlp_activation": mlp_activation,
-                     "norm_epsilon": layer_norm_epsilon}
+                     "norm_epsilon": layer_norm_epsilon, "proj_bias": proj_bias}
     x = _blocks(x, config, dropout_rate, attention_dropout_rate, stochastic_depth_rate,
                 block_options)
     if not fc_norm:
         x = layer_norm(configs.ENCODER_NORM, layer_norm_epsilon)(x)
-    encoded = x
-    x = TokenPooling(classifier, tokens.num_prefix, "mean" if distilled else 0,
-                     dtype="float32", name=configs.POOL)(x)
-    if fc_norm:
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype="float32",
-                                            name=configs.FC_NORM)(x)
-    if representation_size:
-        x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
-                               kernel_initializer="lecun_normal", name=configs.PRE_LOGITS)(x)
-    if include_top:
-        x = (_distilled_heads(encoded, num_classes, head_bias_init) if distilled
-             else _head(configs.HEAD, num_classes, head_bias_init)(x))
+    x = _read_out(x, tokens, classifier, fc_norm, representation_size,
+                  num_classes if include_top else None, head_bias_init)
     model = keras.Model(inputs, x, name=name or _model_name(variant, config))
     if weights is not None:
         load_weights(model, weights, variant=variant)
@@ -191,6 +183,25 @@ def _blocks(x, config: ViTConfig, dropout_rate, attention_dropout_rate, stochast
             name=configs.block_name(i), **block_options,
         )(x)
     return x
+
+
+def _read_out(encoded, tokens: TokenLayout, classifier, fc_norm, representation_size,
+              num_classes: int | None, bias_init: float):
+    """The encoder's tokens -> the pooled representation, or logits when num_classes is
+    given; all in float32."""
+    x = TokenPooling(classifier, tokens.num_prefix, "mean" if tokens.distilled else 0,
+                     dtype="float32", name=configs.POOL)(encoded)
+    if fc_norm:
+        x = keras.layers.LayerNormalization(epsilon=tokens.norm_epsilon, dtype="float32",
+                                            name=configs.FC_NORM)(x)
+    if representation_size:
+        x = keras.layers.Dense(representation_size, activation="tanh", dtype="float32",
+                               kernel_initializer="lecun_normal", name=configs.PRE_LOGITS)(x)
+    if num_classes is None:
+        return x
+    if tokens.distilled:
+        return _distilled_heads(encoded, num_classes, bias_init)
+    return _head(configs.HEAD, num_classes, bias_init)(x)
 
 
 def _head(name: str, num_classes: int, bias_init: float) -> keras.layers.Dense:

@@ -33,6 +33,8 @@ MODEL_OPTIONS = (
      "layer_scale=None"),
     (re.compile(r"MultiHeadDotProductAttention_1/(query|key|value)/bias$"),
      "query/key/value biases", "qkv_bias=True", "qkv_bias=False"),
+    (re.compile(r"(MultiHeadDotProductAttention_1/out|MlpBlock_3/Dense_\d)/bias$"),
+     "attention-output and MLP biases", "proj_bias=True", "proj_bias=False"),
     (re.compile(r"MultiHeadDotProductAttention_1/(query|key)_norm/scale$"),
      "query/key normalisation", "qk_norm=True", "qk_norm=False"),
     (re.compile(r"^Transformer/pre_norm/scale$"), "a LayerNorm before the blocks",

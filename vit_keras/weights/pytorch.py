@@ -69,6 +69,10 @@ class StateDict:
     def pair(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         return self.take(name + ".weight"), self.take(name + ".bias")
 
+    def weight_and_bias(self, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """A Linear layer's weight and its bias, None where it has none (timm proj_bias)."""
+        return self.take(name + ".weight"), self.optional(name + ".bias")
+
     def optional(self, key: str) -> np.ndarray | None:
         return self.take(key) if key in self.arrays else None
 
@@ -116,15 +120,17 @@ def _heads_kernel(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def _block(prefix, norm1, qkv, proj, norm2, fc1, fc2, num_heads):
-    """One encoder block's canonical arrays; qkv is a list of three (weight, bias or None)."""
+    """One encoder block's canonical arrays; qkv is a list of three (weight, bias), proj, fc1
+    and fc2 are (weight, bias); a bias may be None (timm's qkv_bias, proj_bias)."""
     att = prefix + "MultiHeadDotProductAttention_1/"
     out = {prefix + "LayerNorm_0/scale": norm1[0], prefix + "LayerNorm_0/bias": norm1[1],
            prefix + "LayerNorm_2/scale": norm2[0], prefix + "LayerNorm_2/bias": norm2[1],
-           att + "out/kernel": proj[0].T.reshape(num_heads, -1, proj[0].shape[0]),
-           att + "out/bias": proj[1]}
+           att + "out/kernel": proj[0].T.reshape(num_heads, -1, proj[0].shape[0])}
+    biases = {att + "out/bias": proj[1]}
     for i, (weight, bias) in enumerate((fc1, fc2)):
         out[f"{prefix}MlpBlock_3/Dense_{i}/kernel"] = weight.T
-        out[f"{prefix}MlpBlock_3/Dense_{i}/bias"] = bias
+        biases[f"{prefix}MlpBlock_3/Dense_{i}/bias"] = bias
+    out.update({k: v for k, v in biases.items() if v is not None})
     for name, (weight, bias) in zip(("query", "key", "value"), qkv, strict=True):
         out[att + name + "/kernel"] = _heads_kernel(weight, num_heads)
         if bias is not None:
@@ -190,8 +196,9 @@ def from_timm(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
         qkv = list(zip(np.split(state.take(b + "attn.qkv.weight"), 3),
                        [None] * 3 if qkv_bias is None else np.split(qkv_bias, 3), strict=True))
         params.update(_block(canonical, state.pair(b + "norm1"), qkv,
-                             state.pair(b + "attn.proj"), state.pair(b + "norm2"),
-                             state.pair(b + "mlp.fc1"), state.pair(b + "mlp.fc2"), num_heads))
+                             state.weight_and_bias(b + "attn.proj"), state.pair(b + "norm2"),
+                             state.weight_and_bias(b + "mlp.fc1"),
+                             state.weight_and_bias(b + "mlp.fc2"), num_heads))
         for j in range(2):  # LayerScale (timm's init_values)
             if f"{b}ls{j + 1}.gamma" in state:
                 params[f"{canonical}LayerScale_{j}/scale"] = state.take(f"{b}ls{j + 1}.gamma")

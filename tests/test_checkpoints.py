@@ -306,7 +306,7 @@ def test_timm_options_the_model_lacks_are_refused_by_name(option):
         np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(variable))
 
 
-def test_original_mae_and_dinov2_files_load(tmp_path):
+def test_original_dino_mae_and_dinov2_files_load(tmp_path):
     # MAE's released .pth wraps the timm-layout encoder in {"model": ...}; DINOv2's hub file
     # is the timm layout with LayerScale, plus the unused masked-image-modelling mask_token.
     mae, mae_state = timm_state()
@@ -317,12 +317,18 @@ def test_original_mae_and_dinov2_files_load(tmp_path):
     finetuned, finetuned_state = timm_state(global_pool="avg", class_token=True, fc_norm=True)
     torch.save({"model": {k: torch.from_numpy(v) for k, v in finetuned_state.items()}},
                tmp_path / "mae_finetuned.pth")
+    # DINO's released backbones (dino_vitb16_pretrain.pth): the encoder alone, no head.
+    dino, dino_state = timm_state(classes=0)
+    torch.save({k: torch.from_numpy(v) for k, v in dino_state.items()},
+               tmp_path / "dino_pretrain.pth")
     dinov2, dinov2_state = timm_state(init_values=0.1)
     torch.save({**{k: torch.from_numpy(v) for k, v in dinov2_state.items()},
                 "mask_token": torch.zeros(1, 32)}, tmp_path / "dinov2_pretrain.pth")
     for name, reference, options, unused in (("mae_pretrain.pth", mae, {}, []),
                                              ("mae_finetuned.pth", finetuned,
                                               finetuned_options, []),
+                                             ("dino_pretrain.pth", dino,
+                                              {"include_top": False}, []),
                                              ("dinov2_pretrain.pth", dinov2,
                                               {"layer_scale": 1.0}, ["mask_token"])):
         model = exact_tiny(**options)

@@ -315,7 +315,8 @@ def test_original_dino_mae_and_dinov2_files_load(tmp_path):
     # MAE's fine-tuned classifiers average the patch tokens and normalise after pooling.
     finetuned_options = {"classifier": "gap", "class_token": True, "fc_norm": True}
     finetuned, finetuned_state = timm_state(global_pool="avg", class_token=True, fc_norm=True)
-    torch.save({"model": {k: torch.from_numpy(v) for k, v in finetuned_state.items()}},
+    torch.save({"model": {k: torch.from_numpy(v) for k, v in finetuned_state.items()},
+                "optimizer": {"state": {}, "param_groups": [{"lr": 1e-3}]}},
                tmp_path / "mae_finetuned.pth")
     # DINO's released backbones (dino_vitb16_pretrain.pth): the encoder alone, no head.
     dino, dino_state = timm_state(classes=0)
@@ -324,9 +325,12 @@ def test_original_dino_mae_and_dinov2_files_load(tmp_path):
     dinov2, dinov2_state = timm_state(init_values=0.1)
     torch.save({**{k: torch.from_numpy(v) for k, v in dinov2_state.items()},
                 "mask_token": torch.zeros(1, 32)}, tmp_path / "dinov2_pretrain.pth")
-    for name, reference, options, unused in (("mae_pretrain.pth", mae, {}, []),
+    # what the file holds beside the weights is reported, not read
+    for name, reference, options, unused in (("mae_pretrain.pth", mae, {},
+                                              ["epoch (beside 'model')"]),
                                              ("mae_finetuned.pth", finetuned,
-                                              finetuned_options, []),
+                                              finetuned_options,
+                                              ["optimizer (beside 'model')"]),
                                              ("dino_pretrain.pth", dino,
                                               {"include_top": False}, []),
                                              ("dinov2_pretrain.pth", dinov2,

@@ -90,18 +90,23 @@ class StateDict:
         return hint
 
 
-def read_state_dict(path: str) -> dict[str, np.ndarray]:
-    """A .safetensors file, or a torch state-dict file read with weights_only=True."""
+def read_state_dict(path: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """A .safetensors file, or a torch state-dict file read with weights_only=True: its
+    arrays, and the names of what else the file holds (a training checkpoint's optimizer
+    state, epoch, ... beside its "model" or "state_dict"), for the load report."""
     path = os.fspath(path)
     if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
-        return load_file(path)
+        return load_file(path), []
     import torch
 
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state.get("model", state))
-    return {k: v.float().numpy() for k, v in state.items() if hasattr(v, "numpy")}
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    wrapper = next((key for key in ("state_dict", "model") if key in saved), None)
+    state = saved[wrapper] if wrapper else saved
+    others = [f"{key} (beside {wrapper!r})" for key in saved if wrapper and key != wrapper]
+    others += [key for key, value in state.items() if not hasattr(value, "numpy")]
+    return {k: v.float().numpy() for k, v in state.items() if hasattr(v, "numpy")}, others
 
 
 def refuse_unrepresentable(state: StateDict, features) -> None:
@@ -343,8 +348,8 @@ def _posemb_is_grid_only(posemb: np.ndarray, has_cls: bool, model: keras.Model) 
 def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
     """Loads a timm or Hugging Face ViT state dict (a path or a dict of arrays) into `model`."""
     name = os.fspath(source) if isinstance(source, str | os.PathLike) else "state dict"
-    arrays = read_state_dict(source) if isinstance(source, str | os.PathLike) else {
-        k: np.asarray(v) for k, v in source.items()}
+    arrays, others = (read_state_dict(source) if isinstance(source, str | os.PathLike)
+                      else ({k: np.asarray(v) for k, v in source.items()}, []))
     layout = next((layout for layout in LAYOUTS
                    if any(k.endswith(layout.marker) for k in arrays)), None)
     if layout is None:
@@ -366,5 +371,5 @@ def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
     grid_only = _posemb_is_grid_only(params[POSEMB_KEY], "cls" in params, model)
     report = load_params(model, params, name, state.layout, grid_only_posemb=grid_only,
                          resample="bilinear")
-    report.unused += harmless
+    report.unused += harmless + others
     return report

@@ -370,7 +370,8 @@ def test_every_family_by_name_matches_timms_own_architecture():
 
     results = parity.measure(keras.backend.backend())
     assert set(results) == {"deit_in1k", "deit3_in1k", "deit3_in21k_ft_in1k", "dino", "mae",
-                            "dinov2"}
+                            "dinov2", "dinov2_reg", "deit_distilled_in1k", "clip_openai",
+                            "clip_laion2b"}
     for name, result in results.items():
         assert result["max_abs_diff"] <= 1e-5, (name, result)
         assert result["max_abs_output"] > 0.1, (name, result)

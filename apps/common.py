@@ -116,8 +116,7 @@ def model_from_arguments(args, **overrides) -> keras.Model:
                   representation_size=args.representation_size,
                   approximate_gelu=not args.exact_gelu, attention_kernel=args.attention_kernel)
     if args.family:  # the head follows --num-classes and the app, not the release
-        family = pretrained.PRETRAINED[args.family].options
-        kwargs.update({k: v for k, v in family.items() if k != "include_top"})
+        kwargs.update(pretrained.PRETRAINED[args.family].architecture)
     return vk.vit(model_config(args), **{**kwargs, **overrides})
 
 

@@ -39,9 +39,8 @@ for name, release in sorted(pretrained.PRETRAINED.items()):
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.2)
     config = {"hidden_size": 32, "num_layers": 2, "num_heads": 4,
               "mlp_dim": reference.blocks[0].mlp.fc1.out_features, "patch_size": patch}
-    options = {k: v for k, v in release.options.items() if k != "include_top"}
     model = vk.vit(config, image_size=4 * patch, num_classes=max(entry.num_classes, 1),
-                   include_top=bool(entry.num_classes), **options)
+                   include_top=bool(entry.num_classes), **release.architecture)
     vk.load_pytorch_weights(model, reference.state_dict())
     x = np.random.default_rng(1).uniform(-2, 2, (2, 4 * patch, 4 * patch, 3)).astype("float32")
     with torch.no_grad():

@@ -66,21 +66,24 @@ def cell_size(vit: keras.Model) -> int:
     return layer.stride or vit.input.shape[1] // layer.grid_size[0]
 
 
+def layer_or_none(vit: keras.Model, name: str):
+    """vit's layer of that name, None where the model has none (an option it was built
+    without)."""
+    return next((layer for layer in vit.layers if layer.name == name), None)
+
+
 def num_prefix_tokens(vit: keras.Model) -> int:
     """The tokens before the patch tokens: class and distillation tokens (those the position
     embedding covers) and register tokens."""
-    count = vit.get_layer(configs.POSITION_EMBEDDING).num_prefix_tokens
-    names = [layer.name for layer in vit.layers]
-    if configs.REGISTERS in names:
-        count += vit.get_layer(configs.REGISTERS).num_tokens
-    return count
+    registers = layer_or_none(vit, configs.REGISTERS)
+    return (vit.get_layer(configs.POSITION_EMBEDDING).num_prefix_tokens
+            + (registers.num_tokens if registers else 0))
 
 
 def final_norm(vit: keras.Model):
     """The LayerNorm after the last block; None for a model with fc_norm (whose norm is after
     pooling), where timm's features are unnormalised too."""
-    names = [layer.name for layer in vit.layers]
-    return vit.get_layer(configs.ENCODER_NORM) if configs.ENCODER_NORM in names else None
+    return layer_or_none(vit, configs.ENCODER_NORM)
 
 
 def takes_any_size(vit: keras.Model) -> bool:
@@ -191,5 +194,4 @@ def features(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = T
 
 def representation_layer(vit: keras.Model) -> str:
     """The layer whose output the head reads: pre_logits if present, else the pooling."""
-    names = [layer.name for layer in vit.layers]
-    return configs.PRE_LOGITS if configs.PRE_LOGITS in names else configs.POOL
+    return configs.PRE_LOGITS if layer_or_none(vit, configs.PRE_LOGITS) else configs.POOL

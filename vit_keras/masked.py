@@ -23,6 +23,7 @@ from vit_keras.intermediates import (
     PatchTokens,
     blocks_of,
     cell_size,
+    final_norm,
     num_prefix_tokens,
     takes_any_size,
 )
@@ -184,9 +185,8 @@ def masked_patch_model(backbone: keras.Model, target: str = "mean_color",
     x = embedding(images)
     x = MaskedPatchCorruption(name="mpp_corruption")(x, sources=sources, masked=masked)
     start = names.index(configs.EMBEDDING) + 1
-    last = (configs.ENCODER_NORM if configs.ENCODER_NORM in names
-            else blocks_of(backbone)[-1].name)
-    for layer in backbone.layers[start:names.index(last) + 1]:
+    last = final_norm(backbone) or blocks_of(backbone)[-1]
+    for layer in backbone.layers[start:backbone.layers.index(last) + 1]:
         dynamic = layer is position and takes_any_size(backbone)
         x = layer(x, images=images) if dynamic else layer(x)
     _, patches = PatchTokens(num_prefix_tokens(backbone), cell_size(backbone), spatial=False,

@@ -21,9 +21,9 @@ POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # learned2d's tables: one axis each, (rows or columns, D/2).
 AXIS_POSEMB_KEYS = ("Transformer/posembed_input/row_embedding",
                     "Transformer/posembed_input/col_embedding")
-# The heads a new task replaces: the paper's, and DeiT's second (distilled=True).
 # The prefix tokens a position embedding covers (class, DeiT's distillation), in order.
 EMBEDDED_PREFIX = ("cls", "dist_token/tokens")
+# The heads a new task replaces: the paper's, and DeiT's second (distilled=True).
 HEAD_KEYS = ("head/kernel", "head/bias", "head_dist/kernel", "head_dist/bias")
 BLOCK_KEY = re.compile(r"^Transformer/encoderblock_(\d+)/")
 # Parts that only some models have, by vk.vit() option: (key pattern, what the part is, the
@@ -72,6 +72,11 @@ class LoadReport:
         if self.unused:
             lines.append(f"  unused keys: {', '.join(self.unused)}")
         return "\n".join(lines)
+
+
+def num_embedded_prefix(params) -> int:
+    """How many prefix tokens of a checkpoint its position embedding covers."""
+    return sum(key in params for key in EMBEDDED_PREFIX)
 
 
 def num_blocks(keys) -> int:
@@ -142,7 +147,7 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
                              f"(the model needs shape {expected})")
         value = params[key].astype("float32")
         if key == POSEMB_KEY:
-            ckpt_prefix = 0 if grid_only_posemb else sum(k in params for k in EMBEDDED_PREFIX)
+            ckpt_prefix = 0 if grid_only_posemb else num_embedded_prefix(params)
             value, note = _fit_posemb(model, value, ckpt_prefix, resample)
             if note:
                 report.resampled[key] = note

@@ -45,6 +45,12 @@ class Release:
     checkpoints: dict[str, Checkpoint]
     options: dict = dataclasses.field(default_factory=dict)  # the vk.vit() arguments they need
 
+    @property
+    def architecture(self) -> dict:
+        """The options that shape the model, without include_top: what a model built for
+        these files' architecture, with a head of its own, takes."""
+        return {k: v for k, v in self.options.items() if k != "include_top"}
+
 
 def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000,
           architecture: str | None = None) -> Checkpoint:

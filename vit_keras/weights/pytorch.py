@@ -20,7 +20,13 @@ import keras
 import numpy as np
 
 from vit_keras import configs
-from vit_keras.weights.assign import POSEMB_KEY, LoadReport, load_params, model_variables
+from vit_keras.weights.assign import (
+    POSEMB_KEY,
+    LoadReport,
+    load_params,
+    model_variables,
+    num_embedded_prefix,
+)
 
 TORCH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 
@@ -161,6 +167,14 @@ def _norm(params: dict, state: StateDict, key: str, canonical: str) -> None:
         params[canonical + "/scale"], params[canonical + "/bias"] = state.pair(key)
 
 
+def _dense(params: dict, state: StateDict, key: str, canonical: str) -> None:
+    """A Linear layer `key` of the state dict, if present, as a Dense `canonical` (kernel
+    transposed)."""
+    if key + ".weight" in state:
+        weight, bias = state.pair(key)
+        params[canonical + "/kernel"], params[canonical + "/bias"] = weight.T, bias
+
+
 def _timm_prefix_tokens(state: StateDict, params: dict) -> None:
     """Register tokens (timm's reg_token, DINOv2's register_tokens) and DeiT's distillation
     token. Where the position embedding also covers the registers (timm no_embed_class=False),
@@ -173,7 +187,7 @@ def _timm_prefix_tokens(state: StateDict, params: dict) -> None:
     if registers is None:
         return
     posemb, count = params[POSEMB_KEY], registers.shape[1]
-    first = int("cls" in params) + int("dist_token/tokens" in params)
+    first = num_embedded_prefix(params)
     patches = posemb.shape[1] - first - count
     if patches > 0 and int(round(patches**0.5)) ** 2 == patches:
         registers = registers + posemb[:, first:first + count]
@@ -210,10 +224,8 @@ def from_timm(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
         attention = canonical + "MultiHeadDotProductAttention_1/"
         _norm(params, state, b + "attn.q_norm", attention + "query_norm")
         _norm(params, state, b + "attn.k_norm", attention + "key_norm")
-    for head in ("head", "head_dist"):
-        if head + ".weight" in state:
-            weight, bias = state.pair(head)
-            params[head + "/kernel"], params[head + "/bias"] = weight.T, bias
+    _dense(params, state, "head", "head")
+    _dense(params, state, "head_dist", "head_dist")
     return params
 
 
@@ -253,15 +265,11 @@ def from_huggingface(state: StateDict, num_heads: int) -> dict[str, np.ndarray]:
                              state.pair(b + "output.dense"), num_heads))
     if "embeddings.distillation_token" in state:  # DeiT
         params["dist_token/tokens"] = state.take("embeddings.distillation_token")
-    if "pooler.dense.weight" in state:  # ViTModel's pooler is the paper's tanh pre_logits
-        weight, bias = state.pair("pooler.dense")
-        params["pre_logits/kernel"], params["pre_logits/bias"] = weight.T, bias
+    _dense(params, state, "pooler.dense", "pre_logits")  # ViTModel's pooler: the tanh pre_logits
     # ViTForImageClassification's head; DeiT's two (the class and distillation tokens')
-    for name, canonical in (("classifier", "head"), ("cls_classifier", "head"),
-                            ("distillation_classifier", "head_dist")):
-        if name + ".weight" in state:
-            weight, bias = state.pair(name)
-            params[canonical + "/kernel"], params[canonical + "/bias"] = weight.T, bias
+    _dense(params, state, "classifier", "head")
+    _dense(params, state, "cls_classifier", "head")
+    _dense(params, state, "distillation_classifier", "head_dist")
     return params
 
 

@@ -9,6 +9,7 @@ Without --variant the backbone is the main job's model on Fashion-MNIST (graysca
 targets are 3-bit mean intensities, 8 classes).
 """
 
+import dataclasses
 import functools
 import json
 import os
@@ -54,6 +55,8 @@ def main(argv=None):
     started = time.time()
     keras.utils.set_random_seed(args.seed)  # --seed (apps.train's) also seeds the corruption
     recipe = train.recipe_from_arguments(args)
+    if not any(option.startswith("patch_drop_rate=") for option in args.recipe_option):
+        recipe = dataclasses.replace(recipe, patch_drop_rate=0.0)  # every patch is predicted
     run_dir = args.run_dir or os.path.join(
         "runs", "pretrain_" + os.path.basename(args.folder or args.dataset))
     images, _, names = train.load_sources(args)

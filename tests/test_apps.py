@@ -5,6 +5,7 @@ import keras
 import pytest
 
 from tests.conftest import TINY
+from vit_keras import training
 
 
 def test_convert_npz_to_keras_and_back(tmp_path, capsys):
@@ -200,6 +201,19 @@ def test_pretrain_by_masked_patches_then_finetune_the_backbone(tmp_path):
                            "--eval-folder", str(tmp_path / "images"), "--epochs", "1",
                            "--batch-size", "4", "--run-dir", str(tmp_path / "tuned")])
     assert 0.0 <= tuned["test_accuracy"] <= 1.0
+
+
+def test_pretrain_keeps_every_patch_unless_patch_dropout_is_asked_for(tmp_path):
+    from apps import pretrain
+
+    write_images(tmp_path / "images", 8, 32, seed=7)
+    common = [*(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()), "--folder",
+              str(tmp_path / "images"), "--image-size", "32", "--epochs", "1", "--batch-size",
+              "4", "--recipe", "fashion_mnist", "--run-dir", str(tmp_path / "pre")]
+    assert training.RECIPES["fashion_mnist"].patch_drop_rate > 0  # what pretrain must undo
+    assert pretrain.main(common)["epochs"] == 1
+    with pytest.raises(ValueError, match="build it with patch_drop_rate=0"):
+        pretrain.main([*common, "--recipe-option", "patch_drop_rate=0.5"])
 
 
 def test_committed_main_job_model_loads_after_importing_vit_keras_alone():

@@ -132,10 +132,14 @@ def test_training_lowers_the_loss_and_teaches_the_mask_embedding(target):
                   - kernel_before).max() > 1e-3
 
 
-def test_downsized_head_predicts_16_cells_and_hybrids_are_refused():
+def test_downsized_head_predicts_16_cells_and_hybrids_and_patch_dropout_are_refused():
     model = masked.masked_patch_model(randomize(vk.vit(TINY, image_size=16)), "downsized")
     assert tuple(model.output.shape) == (None, 4, 16, 512)
     hybrid = vk.vit({**TINY, "patch_size": 1, "resnet_layers": (), "resnet_width": 32},
                     image_size=16)
     with pytest.raises(ValueError, match="needs a plain ViT"):
         masked.masked_patch_model(hybrid)
+    dropping = vk.vit(TINY, image_size=16, patch_drop_rate=0.5)
+    with pytest.raises(ValueError, match="predicts every patch, and this backbone drops "
+                                         "patches in training: build it with patch_drop_rate=0"):
+        masked.masked_patch_model(dropping)

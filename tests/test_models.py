@@ -5,6 +5,8 @@ import sys
 import keras
 import numpy as np
 import pytest
+import timm
+import torch
 
 import vit_keras as vk
 from tests import numpy_vit
@@ -342,3 +344,61 @@ def test_family_options_serialise_and_take_any_image_size(tmp_path):
         True, "quick_gelu", 1e-5)
     assert restored.get_layer("registers").num_tokens == 2
     assert not restored.get_layer("embedding").use_bias  # CLIP's patch embedding
+
+
+@pytest.mark.parametrize("num_patches, num_prefix, rate", [(49, 0, 0.5), (16, 1, 0.25),
+                                                          (16, 5, 0.9), (3, 1, 0.7)])
+def test_patch_dropout_keeps_timms_count_of_distinct_patches_after_the_prefix(
+        num_patches, num_prefix, rate):
+    rng = np.random.default_rng(0)
+    tokens = rng.normal(size=(6, num_prefix + num_patches, 8)).astype("float32")
+    layer = vk.layers.PatchDropout(rate, num_prefix_tokens=num_prefix, seed=1)
+    kept = keras.ops.convert_to_numpy(layer(tokens, training=True))
+    timm_layer = timm.layers.PatchDropout(rate, num_prefix_tokens=num_prefix).train()
+    assert kept.shape[1] == timm_layer(torch.from_numpy(tokens)).shape[1]
+    np.testing.assert_array_equal(kept[:, :num_prefix], tokens[:, :num_prefix])
+    subsets = []
+    for image, image_tokens in zip(kept, tokens, strict=True):
+        rows = [np.flatnonzero((image_tokens[num_prefix:] == row).all(axis=1)) for row in
+                image[num_prefix:]]
+        assert all(len(match) == 1 for match in rows)  # each kept token is one input patch
+        subsets.append(tuple(sorted(int(match[0]) for match in rows)))
+        assert len(set(subsets[-1])) == len(subsets[-1])  # no patch twice
+    if kept.shape[1] - num_prefix < num_patches:
+        assert len(set(subsets)) > 1  # each image draws its own patches
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(tokens)), tokens)
+
+
+def test_patch_dropout_repeats_with_its_seed_and_round_trips_in_safe_mode(tmp_path):
+    tokens = np.random.default_rng(0).normal(size=(4, 17, 8)).astype("float32")
+    first, second = (vk.layers.PatchDropout(0.5, num_prefix_tokens=1, seed=7) for _ in range(2))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(first(tokens, training=True)),
+                                  keras.ops.convert_to_numpy(second(tokens, training=True)))
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3, patch_drop_rate=0.5))
+    plain = vk.vit(TINY, image_size=32, num_classes=3)
+    plain.set_weights(model.get_weights())
+    x = images()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)),
+                               keras.ops.convert_to_numpy(plain(x)), atol=1e-6)
+    assert not np.allclose(keras.ops.convert_to_numpy(model(x, training=True)),
+                           keras.ops.convert_to_numpy(model(x)), atol=1e-3)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    layer = loaded.get_layer("patch_dropout")
+    assert (layer.rate, layer.num_prefix_tokens) == (0.5, 1)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
+                               keras.ops.convert_to_numpy(model(x)), atol=1e-6)
+
+
+def test_fit_with_patch_dropout_lowers_loss_and_refuses_a_whole_drop():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 64).astype("int32")
+    x = (rng.uniform(-1, 1, (64, 16, 16, 3)) * 0.5 + np.where(y, 0.4, -0.4)[:, None, None, None])
+    model = vk.vit({**TINY, "patch_size": 4}, image_size=16, num_classes=2, classifier="gap",
+                   patch_drop_rate=0.5)
+    model.compile(keras.optimizers.Adam(3e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x.astype("float32"), y, batch_size=16, epochs=8, verbose=0)
+    assert history.history["loss"][-1] < 0.5 * history.history["loss"][0], history.history
+    with pytest.raises(ValueError, match=r"patch_drop_rate must be in \[0, 1\), got 1.0"):
+        vk.vit(TINY, image_size=32, patch_drop_rate=1.0)

@@ -17,8 +17,8 @@ from vit_keras.configs import as_pair
 from vit_keras.position_embeddings import AddPositionEmbedding
 
 __all__ = ["AddPositionEmbedding", "ClassToken", "LayerScale", "MlpBlock",
-           "MultiHeadDotProductAttention", "PatchEmbedding", "PrefixTokens", "TokenPooling",
-           "TransformerBlock", "layer_norm"]
+           "MultiHeadDotProductAttention", "PatchDropout", "PatchEmbedding", "PrefixTokens",
+           "TokenPooling", "TransformerBlock", "layer_norm"]
 
 LAYER_NORM_EPSILON = 1e-6  # Flax's default; Keras' 1e-3 breaks parity with the checkpoints.
 
@@ -198,6 +198,44 @@ class PrefixTokens(keras.layers.Layer):
     def get_config(self):
         return {**super().get_config(), "num_tokens": self.num_tokens, "after": self.after,
                 "stddev": self.stddev}
+
+
+@_register
+@no_quantization
+class PatchDropout(keras.layers.Layer):
+    """In training, keeps a random int(N * (1 - rate)) of each image's N patch tokens and the
+    num_prefix_tokens before them (PatchDropout, Liu et al. 2023; timm's patch_drop_rate):
+    a step then costs about that share of a full one, and the random subsets augment the
+    data. At inference it passes every token through."""
+
+    def __init__(self, rate: float, num_prefix_tokens: int = 0, seed: int | None = None,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"patch_drop_rate must be in [0, 1), got {rate!r}")
+        self.rate = rate
+        self.num_prefix_tokens = num_prefix_tokens
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, tokens, training=False):
+        if not training or not self.rate:
+            return tokens
+        prefix, patches = tokens[:, :self.num_prefix_tokens], tokens[:, self.num_prefix_tokens:]
+        count = ops.shape(patches)[1]
+        if isinstance(count, int):
+            keep = max(1, int(count * (1.0 - self.rate)))
+        else:  # a dynamic grid in a TensorFlow graph
+            kept_share = ops.cast(count, "float32") * (1.0 - self.rate)
+            keep = ops.maximum(ops.cast(kept_share, "int32"), 1)
+        noise = keras.random.uniform(ops.shape(patches)[:2], seed=self.seed_generator)
+        kept = ops.argsort(noise, axis=-1)[:, :keep]
+        patches = ops.take_along_axis(patches, ops.expand_dims(kept, -1), axis=1)
+        return ops.concatenate([prefix, patches], axis=1)
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate,
+                "num_prefix_tokens": self.num_prefix_tokens, "seed": self.seed}
 
 
 @_register

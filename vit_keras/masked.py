@@ -27,6 +27,7 @@ from vit_keras.intermediates import (
     num_prefix_tokens,
     takes_any_size,
 )
+from vit_keras.layers import PatchDropout
 
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the corrupted patches; the rest (10%) are kept
 COLOR_BITS = 3
@@ -178,6 +179,9 @@ def masked_patch_model(backbone: keras.Model, target: str = "mean_color",
     if embedding.input is not backbone.input:
         raise ValueError("masked patch prediction needs a plain ViT: a hybrid's patches are "
                          "ResNet features, not pixels")
+    if any(isinstance(layer, PatchDropout) for layer in backbone.layers):
+        raise ValueError("masked patch prediction predicts every patch, and this backbone "
+                         "drops patches in training: build it with patch_drop_rate=0")
     position = backbone.get_layer(configs.POSITION_EMBEDDING)
     images = keras.Input(backbone.input.shape[1:], name="images")
     sources = keras.Input((None,), dtype="int32", name="sources")

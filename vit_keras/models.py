@@ -12,6 +12,7 @@ from vit_keras.configs import ViTConfig, as_pair, get_config
 from vit_keras.layers import (
     LAYER_NORM_EPSILON,
     ClassToken,
+    PatchDropout,
     PatchEmbedding,
     PrefixTokens,
     TokenPooling,
@@ -36,6 +37,7 @@ def vit(
     dropout_rate: float = 0.0,
     attention_dropout_rate: float = 0.0,
     stochastic_depth_rate: float = 0.0,
+    patch_drop_rate: float = 0.0,
     include_top: bool = True,
     weights: str | None = None,
     approximate_gelu: bool = True,
@@ -72,6 +74,8 @@ def vit(
     remat: recompute each block in the backward pass instead of keeping its activations
     (layers.TransformerBlock), for models that do not fit otherwise.
     stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
+    patch_drop_rate: the share of patch tokens each training image leaves out before the
+    blocks (layers.PatchDropout): cheaper steps and an augmentation; inference sees all.
     weights: a local .npz / .keras / .weights.h5 / PyTorch file, or a pre-trained name such
     as "augreg_in21k" (vit_keras.weights.pretrained), downloaded once into the Keras cache.
     dynamic_image_size: take images of any height and width that are multiples of the patch
@@ -99,7 +103,8 @@ def vit(
     _check_arguments(config, image_size, num_classes, classifier, posemb, include_top,
                      attention_kernel, dropout_rate=dropout_rate,
                      attention_dropout_rate=attention_dropout_rate,
-                     stochastic_depth_rate=stochastic_depth_rate)
+                     stochastic_depth_rate=stochastic_depth_rate,
+                     patch_drop_rate=patch_drop_rate)
     _check_family_options(classifier, class_token, distilled, fc_norm, representation_size,
                           num_register_tokens, mlp_activation)
     height, width = as_pair(image_size, "image_size")
@@ -108,6 +113,8 @@ def vit(
     tokens = TokenLayout(class_token, distilled, num_register_tokens, pre_norm,
                          layer_norm_epsilon)
     x = _embed(inputs, (height, width), dynamic_image_size, config, posemb, tokens)
+    if patch_drop_rate:
+        x = PatchDropout(patch_drop_rate, tokens.num_prefix, name="patch_dropout")(x)
     x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
                      "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias,

@@ -55,13 +55,21 @@ def run(main, argv=None):
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
+    return _whole_number(text, 1, "a positive whole number")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number of at least 0."""
+    return _whole_number(text, 0, "a whole number of at least 0")
+
+
+def _whole_number(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") \
-            from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
 
 

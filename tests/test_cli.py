@@ -79,6 +79,7 @@ MISTAKES = [
      "'out' exists; pass --overwrite"),
     (["apps.inspect", "model.keras", "corrupt.png", "--out", "out"], "cannot read image file"),
     (["apps.train", "--epochs", "-3"], "expected a positive whole number, got '-3'"),
+    (["apps.train", "--eval-every", "-1"], "expected a whole number of at least 0, got '-1'"),
 ]
 
 

@@ -196,6 +196,8 @@ def test_end_to_end_on_real_fashion_mnist(tmp_path):
     result = train.main(["--limit", "8192", "--epochs", "3", "--run-dir", str(tmp_path),
                          *TINY_FLAGS])
     assert result["test_accuracy"] > 0.5  # chance is 0.1
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert len(history) == 3 and not any("val_accuracy" in e for e in history.values())
     loaded = keras.saving.load_model(result["model"], safe_mode=True)
     assert loaded.output.shape[-1] == 10
     assert (tmp_path / "labels.txt").read_text().splitlines()[0] == "T-shirt/top"
@@ -228,3 +230,20 @@ def test_seed_makes_a_run_repeatable(tmp_path):
 
     assert first_loss(3, "a") == first_loss(3, "b")
     assert first_loss(4, "c") != first_loss(3, "a")
+
+
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+def test_the_main_job_evaluates_at_the_end_unless_eval_every_asks_for_more(tmp_path):
+    from apps import train
+
+    def evaluated_epochs(*flags):
+        run_dir = tmp_path / str(len(list(tmp_path.iterdir())))
+        result = train.main(["--limit", "256", "--epochs", "2", "--eval-limit", "64",
+                             "--run-dir", str(run_dir), *TINY_FLAGS, *flags])
+        assert 0.0 <= result["test_accuracy"] <= 1.0  # the final evaluation, always
+        history = json.loads((run_dir / "history.json").read_text())
+        return [epoch for epoch, metrics in sorted(history.items()) if "val_accuracy" in metrics]
+
+    assert evaluated_epochs() == []
+    assert evaluated_epochs("--eval-every", "1") == ["0", "1"]
+    assert evaluated_epochs("--eval-every", "2") == ["1"]

@@ -1,6 +1,7 @@
-"""Renders the generated blocks of docs/*.md, `<!-- NAME:begin -->` ... `<!-- NAME:end -->`,
-from the code and from the measured results kept in docs/ (so every table comes from a
-command), and rewrites them with --write. A block name without a renderer is an error.
+"""Renders the generated blocks of README.md and docs/*.md, `<!-- NAME:begin -->` ...
+`<!-- NAME:end -->`, from the code and from the measured results kept in docs/ (so every table
+comes from a command), and rewrites them with --write. A block name without a renderer is an
+error.
 
 python -m benchmarks.render [--write]
 """
@@ -32,14 +33,25 @@ def _reports(folder: str) -> list[dict]:
             for p in sorted(glob.glob(os.path.join(DOCS, folder, "*.json")))]
 
 
+def mainjob_line() -> str:
+    report = _json("mainjob/seeds.json")
+    return (f"**{report['mean_test_accuracy']:.2%} test accuracy** on the 10,000 Fashion-MNIST "
+            f"test images, the mean of seeds {', '.join(report['seeds'])} "
+            f"({report['min_test_accuracy']:.2%} to {report['max_test_accuracy']:.2%}), after "
+            f"{report['epochs']} epochs in {report['mean_fit_minutes']:.1f} minutes of "
+            f"model.fit on average (at most {report['max_fit_minutes']:.1f}), on "
+            f"{machine_line(report['machine'])}, {report['backend']} backend")
+
+
 def mainjob_block() -> str:
-    result = _json("mainjob/result.json")
-    return (f"Measured with `bash scripts/main.sh` on this project's 2-core CPU machine "
-            f"(TensorFlow backend): **{result['test_accuracy']:.2%} test accuracy** on the "
-            f"10,000 Fashion-MNIST test images after {result['epochs']} epochs, "
-            f"{result['total_seconds'] / 60:.1f} minutes in all ({result['fit_seconds'] / 60:.1f}"
-            f" of them in model.fit), top-5 {result['test_top5']:.2%}. The run's files are "
-            f"copied to `docs/mainjob/`.")
+    return (f"Measured with `python -m benchmarks.mainjob`, which runs `bash scripts/main.sh "
+            f"--seed N` for each seed: {mainjob_line()}. Seed 0's run files are copied to "
+            f"`docs/mainjob/`, the seeds' results to `docs/mainjob/seeds.json`.")
+
+
+def readme_mainjob_block() -> str:
+    return (f"Latest main job: {mainjob_line()} (the run's files are in `docs/mainjob/`; "
+            f"seeds, recipe changes and shorter runs: [the main job](docs/mainjob.md)).")
 
 
 def _export_table(report) -> str:
@@ -160,6 +172,7 @@ def bench_memory_block() -> str:
 
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
+          "readmemainjob": readme_mainjob_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "revisions": revisions_block,
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
@@ -186,7 +199,7 @@ def render(text: str, where: str = "the text") -> str:
 
 
 def doc_pages() -> list[str]:
-    return sorted(glob.glob(os.path.join(DOCS, "*.md")))
+    return [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(DOCS, "*.md")))]
 
 
 def main(argv=None) -> list[str]:
@@ -206,7 +219,7 @@ def main(argv=None) -> list[str]:
             with open(path, "w") as file:
                 file.write(rendered)
     verdict = "rewritten" if args.write else "stale: run with --write"
-    print(f"{', '.join(stale)} {verdict}" if stale else "docs/*.md are up to date")
+    print(f"{', '.join(stale)} {verdict}" if stale else "README.md and docs/*.md are up to date")
     return stale
 
 

@@ -324,7 +324,8 @@ def test_generated_blocks_in_docs_are_current():
         text = Path(path).read_text()
         found |= set(render.BEGIN.findall(text))
         assert render.render(text, path) == text, f"{path} is stale: python -m benchmarks.render"
-    assert {"bench", "benchscaling", "benchmemory", "benchxlawidth", "benchavx2"} <= found
+    assert {"bench", "benchscaling", "benchmemory", "benchxlawidth", "benchavx2", "mainjob",
+            "readmemainjob"} <= found
 
 
 def test_every_block_renders_and_an_unknown_block_fails_loudly():
@@ -399,3 +400,37 @@ def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
                               "--image-size", "40", "--limit", "256", "--out", str(tmp_path)])
     assert report["token_ratio"] == round(100 / 49, 3)
     assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2
+
+
+def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch):
+    import json
+    import subprocess
+
+    from benchmarks import mainjob
+
+    def fake_main_sh(command, check):
+        run_dir = Path(command[command.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True)
+        for name in mainjob.RUN_FILES:
+            (run_dir / name).write_text("seed 1's")
+        (run_dir / "result.json").write_text(json.dumps(
+            {"epochs": 18, "test_accuracy": 0.9, "fit_seconds": 540.0, "total_seconds": 560.0}))
+        calls.append(command)
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", fake_main_sh)
+    seed0 = tmp_path / "runs" / "seed0"
+    seed0.mkdir(parents=True)
+    for name in mainjob.RUN_FILES:
+        (seed0 / name).write_text("seed 0's")
+    (seed0 / "result.json").write_text(json.dumps(
+        {"epochs": 18, "test_accuracy": 0.92, "fit_seconds": 480.0, "total_seconds": 500.0}))
+    report = mainjob.main(["--seeds", "0", "1", "--out", str(tmp_path / "runs"), "--docs",
+                           str(tmp_path / "docs"), "--epochs", "18"])
+    assert calls == [["bash", "scripts/main.sh", "--seed", "1", "--run-dir",
+                      str(tmp_path / "runs" / "seed1"), "--epochs", "18"]]
+    assert report["command"] == "bash scripts/main.sh --seed N --epochs 18"
+    assert (report["mean_test_accuracy"], report["min_test_accuracy"]) == (0.91, 0.9)
+    assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
+    assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
+    assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"

@@ -55,7 +55,7 @@ def test_help_prints_the_whole_purpose_and_every_flag_with_help(name):
 
 def test_flag_defaults_are_shown():
     done = app("apps.train", "--help")
-    assert "(default: 14)" in " ".join(done.stdout.split())  # --epochs
+    assert "passes over the data (default: 20)" in " ".join(done.stdout.split())  # --epochs
 
 
 def write_bad_files(tmp_path):

@@ -367,6 +367,9 @@ def test_patch_dropout_keeps_timms_count_of_distinct_patches_after_the_prefix(
     if kept.shape[1] - num_prefix < num_patches:
         assert len(set(subsets)) > 1  # each image draws its own patches
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(tokens)), tokens)
+    layer.trainable = False  # a frozen backbone's
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(layer(tokens, training=True)), tokens)
 
 
 def test_patch_dropout_repeats_with_its_seed_and_round_trips_in_safe_mode(tmp_path):

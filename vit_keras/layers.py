@@ -206,7 +206,9 @@ class PatchDropout(keras.layers.Layer):
     """In training, keeps a random int(N * (1 - rate)) of each image's N patch tokens and the
     num_prefix_tokens before them (PatchDropout, Liu et al. 2023; timm's patch_drop_rate):
     a step then costs about that share of a full one, and the random subsets augment the
-    data. At inference it passes every token through."""
+    data. At inference it passes every token through, and so does a frozen layer
+    (trainable=False: a frozen backbone's features keep their grid, as a frozen
+    BatchNormalization keeps to inference)."""
 
     def __init__(self, rate: float, num_prefix_tokens: int = 0, seed: int | None = None,
                  **kwargs):
@@ -219,7 +221,7 @@ class PatchDropout(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed)
 
     def call(self, tokens, training=False):
-        if not training or not self.rate:
+        if not training or not self.rate or not self.trainable:
             return tokens
         prefix, patches = tokens[:, :self.num_prefix_tokens], tokens[:, self.num_prefix_tokens:]
         count = ops.shape(patches)[1]

@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
-# The whole suite, once per Keras backend; fails if any backend fails or runs no test.
+# The whole suite, once per Keras backend; fails if any backend fails, runs no test, or has a
+# test over the per-test budget (tests/budget.py). Prints each backend's wall time, its
+# closing line and the set-up's time at the end. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 bash scripts/setup.sh
 # The end-to-end tests train on real Fashion-MNIST (Debian's package, MIT licence).
 if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null
 fi
+summary="set-up $((SECONDS - started)) s"
 .venv/bin/ruff check vit_keras apps benchmarks tests
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend"
+  backend_started=$SECONDS
   # pytest exits 5 when it collects no test: that is a failure here too.
   # Two worker processes, one a core: most tests wait on Python and tracing rather than on
   # both cores, so this about halves the suite's time.
   # A test module stays on one worker (--dist loadscope), so its module fixtures run once;
   # each page of the docs is a test class of its own, so the pages spread (tests/test_docs.py).
   KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 \
-    --dist loadscope "$@" tests
+    --dist loadscope --durations=25 "$@" tests | tee "$log"
+  summary+=$'\n'"$backend $((SECONDS - backend_started)) s: $(tail -n 1 "$log" | tr -d '=')"
 done
+echo "=== wall time per backend"
+echo "$summary"
+echo "total $((SECONDS - started)) s"

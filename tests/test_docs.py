@@ -107,31 +107,36 @@ def run_block(block: Block, folder: Path) -> None:
                                   f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
 
 
-def run_page(page: Path, folder: Path) -> None:
-    blocks = page_blocks(page)
-    (folder / "docs").symlink_to(ROOT / "docs")
-    ran = 0
-    for block in blocks:
-        if block.skip_reason is None:
-            run_block(block, folder)
-            ran += 1
-    if not ran:
-        pytest.skip(f"{page.name} has no example to run")
-
-
 def page_test_class(page: Path) -> type:
-    """A test class for one page: `pytest --dist loadscope` (scripts/test.sh) keeps a class on
-    one worker and spreads the classes, so the pages, the longest tests, run side by side."""
+    """A test class for one page, a test for each of its examples, in the page's order and in
+    one scratch folder, as a reader runs them. `pytest --dist loadscope` (scripts/test.sh)
+    keeps a class on one worker and spreads the classes, so the pages run side by side."""
+    blocks = [block for block in page_blocks(page) if block.skip_reason is None]
 
     @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
                         reason="the examples run once, in the suite's TensorFlow pass; a block "
                                "that needs another backend says so with a KERAS_BACKEND marker")
     class Page:
-        def test_every_example_of_the_page_runs(self, tmp_path):
-            run_page(page, tmp_path)
+        @pytest.fixture(scope="class")
+        def folder(self, tmp_path_factory):
+            folder = tmp_path_factory.mktemp(page.stem)
+            (folder / "docs").symlink_to(ROOT / "docs")
+            return folder
+
+        @pytest.mark.parametrize("block", blocks, ids=[f"line{b.line}" for b in blocks])
+        def test_example_runs(self, block, folder, request):
+            failed = getattr(request.cls, "failed", None)
+            if failed:
+                pytest.fail(f"an earlier example of {page.name} failed ({failed})")
+            try:
+                run_block(block, folder)
+            except BaseException:
+                request.cls.failed = f"line {block.line}"
+                raise
 
     return Page
 
 
 for _page in PAGES:
-    globals()["TestPage_" + re.sub(r"\W", "_", _page.stem)] = page_test_class(_page)
+    if any(block.skip_reason is None for block in page_blocks(_page)):
+        globals()["TestPage_" + re.sub(r"\W", "_", _page.stem)] = page_test_class(_page)

@@ -670,8 +670,33 @@ def test_timm_family_names_point_at_timms_hub_files(monkeypatch):
 def test_unknown_pretrained_names_and_variants_are_refused():
     with pytest.raises(ValueError, match=r"no 'augreg_in21k' checkpoint for variant 'H/14'"):
         vk.vit("H/14", weights="augreg_in21k")
-    with pytest.raises(FileNotFoundError, match="'imagenet' does not exist"):
+    with pytest.raises(ValueError, match="weights 'imagenet' is neither a pre-trained name "
+                                         r"\(one of augreg_in21k, augreg_in21k_ft_in1k, .*\)"):
         vk.vit(TINY, image_size=32, weights="imagenet")
+    with pytest.raises(FileNotFoundError, match="'missing.npz' does not exist"):
+        vk.vit(TINY, image_size=32, weights="missing.npz")
+
+
+def test_a_failed_download_names_the_address_the_cache_path_and_the_mirror_setting(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("VIT_KERAS_WEIGHTS_URL", "http://127.0.0.1:9/")  # nothing listens
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    entry = pretrained.checkpoint("Ti/16", "augreg_in21k")
+    cached = tmp_path / "keras_home" / "models" / "vit_keras" / entry.path.replace("/", "__")
+    model = vk.vit(TINY, image_size=32)
+    with pytest.raises(ValueError) as failure:
+        vk.load_weights(model, "augreg_in21k", variant="Ti/16")
+    message = str(failure.value)
+    assert "\n" not in message and failure.value.__suppress_context__
+    assert f"from http://127.0.0.1:9/{entry.path} (" in message
+    assert f"place that file at {cached}, or set VIT_KERAS_WEIGHTS_URL" in message
+    assert not cached.exists()
+    # The file placed there by hand is read, still without network.
+    source = randomize(vk.vit(TINY, image_size=32))
+    vk.save_npz(source, cached)
+    vk.load_weights(model, "augreg_in21k", variant="Ti/16")
+    x = images()
+    np.testing.assert_allclose(logits(model, x), logits(source, x), atol=1e-5)
 
 
 def test_hybrid_names_point_at_the_official_files(monkeypatch):

@@ -23,6 +23,10 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
     .weights.h5 files."""
     path = os.fspath(pretrained.resolve(weights, variant))
     if not os.path.exists(path):
+        if not os.path.splitext(path)[1] and os.sep not in path:  # a word: a misspelt name
+            raise ValueError(f"weights {path!r} is neither a pre-trained name (one of "
+                             f"{', '.join(pretrained.names())}) nor a file or keras-hub "
+                             "preset directory that exists")
         raise FileNotFoundError(f"weights file {path!r} does not exist")
     if os.path.isdir(path) and os.path.exists(os.path.join(path, "metadata.json")):
         return load_keras_hub(model, path)

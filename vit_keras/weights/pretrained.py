@@ -8,8 +8,10 @@ base address (a mirror holding both trees, or a local server in tests).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import urllib.error
 import urllib.parse
 
 import keras
@@ -206,12 +208,41 @@ def resolve(weights, variant) -> str:
     return fetch(variant, weights) if is_name(weights) else weights
 
 
+def cache_path(entry: Checkpoint) -> str:
+    """Where fetch keeps `entry`'s file: $KERAS_HOME/models/vit_keras/ (KERAS_HOME defaults to
+    ~/.keras; /tmp/.keras where that is not writable, as keras.utils.get_file chooses). A file
+    placed there by hand is used without any download."""
+    home = os.path.expanduser(os.environ.get("KERAS_HOME") or os.path.join("~", ".keras"))
+    with contextlib.suppress(OSError):
+        os.makedirs(home, exist_ok=True)
+    if not os.access(home, os.W_OK):
+        home = os.path.join("/tmp", ".keras")
+    return os.path.join(home, "models", "vit_keras", entry.path.replace("/", "__"))
+
+
 def fetch(variant, name: str) -> str:
-    """Local path of the named checkpoint, downloading it once into $KERAS_HOME/models."""
+    """Local path of the named checkpoint, downloading it once into the cache (cache_path).
+    A failed download is one ValueError naming the address, the cache path and the mirror
+    setting, instead of Keras' chain of wrapped URL errors."""
     entry = checkpoint(variant, name)
-    cache_dir = os.environ.get("KERAS_HOME")  # read now: Keras reads it once, at import
-    if cache_dir:
-        os.makedirs(cache_dir, exist_ok=True)  # else get_file falls back to /tmp/.keras
-    return keras.utils.get_file(fname=entry.path.replace("/", "__"), origin=url(entry),
-                                cache_dir=cache_dir,
-                                cache_subdir=os.path.join("models", "vit_keras"))
+    path = cache_path(entry)
+    folder, file_name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        return keras.utils.get_file(fname=file_name, origin=url(entry), cache_dir=folder,
+                                    cache_subdir="")
+    except Exception as err:  # Keras re-raises every failed download as a bare Exception
+        raise ValueError(
+            f"could not download the {name!r} weights for {variant} from {url(entry)} "
+            f"({_reason(err)}); without network, place that file at {path}, or set "
+            "VIT_KERAS_WEIGHTS_URL to a mirror that holds it under the same path") from None
+
+
+def _reason(err: Exception) -> str:
+    """What failed underneath Keras' "URL fetch failure" wrapper."""
+    cause = err.__context__
+    if isinstance(cause, urllib.error.HTTPError):
+        return f"HTTP {cause.code} {cause.msg}"
+    if isinstance(cause, urllib.error.URLError):
+        return str(cause.reason)
+    return str(err)

@@ -1,38 +1,85 @@
 """Command-line pieces the apps share: the parser, running with clear errors, describing a
-model and a data source with flags, reading a saved model."""
+model and a data source with flags, reading a saved model.
+
+Building a parser imports neither Keras nor TensorFlow, so --help answers at once; the apps
+import the library inside the functions that use it, once their arguments are parsed."""
 
 import argparse
 import dataclasses
 import os
 import sys
+import textwrap
 import traceback
 import zipfile
-
-import keras
-
-import vit_keras as vk
-from vit_keras import kernels
-from vit_keras.export import ExportVerificationError
-from vit_keras.models import CLASSIFIERS
-from vit_keras.position_embeddings import POSITION_EMBEDDINGS
-from vit_keras.weights import pretrained
 
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
 # How the usage line names a program; the console script sets "vit-keras {name}".
 PROG = "python -m apps.{name}"
-# A user's mistake: reported in one line, without a traceback (--debug shows it).
-USER_ERRORS = (ValueError, OSError, zipfile.BadZipFile, ExportVerificationError)
+# A user's mistake: reported in one line, without a traceback (--debug shows it); an export
+# that fails its verification is one too (user_errors).
+USER_ERRORS = (ValueError, OSError, zipfile.BadZipFile)
+
+# The library's names for what some flags choose from, spelled here so that a parser needs no
+# Keras; tests/test_cli.py checks each against the library's own table.
+CLASSIFIERS = ("token", "gap")  # vit_keras.models.CLASSIFIERS
+POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")  # position_embeddings
+ATTENTION_KERNELS = ("auto", "fused", "einsum")  # kernels.ATTENTION_KERNELS
+RECIPES = ("fashion_mnist", "finetune", "mpp", "pretrain", "scratch")  # training.RECIPES
+LORA_TARGETS = ("query", "key", "value", "out", "Dense_0", "Dense_1")  # lora.TARGETS
+DISTRIBUTIONS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel",
+                 "model-parallel")  # distribute.KINDS
+EXPORT_FORMATS = ("saved_model", "tflite_float32", "tflite_float16", "tflite_dynamic_int8",
+                  "tflite_int8", "onnx")  # export.formats.FORMATS
+MASKED_TARGETS = ("mean_color", "downsized", "pixels")  # masked.TARGETS
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter,
                     argparse.ArgumentDefaultsHelpFormatter):
-    """The module docstring as written, and every flag's default after its help."""
+    """The module docstring as written, and each flag's default after its help, unless the
+    help names it already or there is none (None, a switch's False, an empty list)."""
+
+    def _get_help_string(self, action):
+        default = action.default
+        if "default" in (action.help or "").lower() or default is None or default is False \
+                or default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class AppParser(argparse.ArgumentParser):
+    """Imports Keras and TensorFlow once the arguments are parsed (import_keras), so that
+    --help and a mistaken flag answer without them."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        import_keras(verbose=parsed.verbose)
+        return parsed
+
+
+def import_keras(verbose: bool) -> None:
+    """Imports Keras, then TensorFlow (Keras' PyTorch backend's compiler crashes the process
+    when loaded after TensorFlow). TensorFlow's start-up log lines are silenced unless
+    --verbose (or TF_CPP_MIN_LOG_LEVEL is set already); some of them (oneDNN's, on CPUs with
+    AVX-512) come before TensorFlow reads its log level, so the imports run with the process's
+    stderr closed."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
+    if verbose or "tensorflow" in sys.modules:
+        return
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import keras  # noqa: F401
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def app_parser(name: str, doc: str) -> argparse.ArgumentParser:
     """A parser whose --help prints the app's whole docstring and every flag's default."""
-    parser = argparse.ArgumentParser(prog=PROG.format(name=name), description=doc,
-                                     formatter_class=HelpFormatter)
+    parser = AppParser(prog=PROG.format(name=name), description=doc,
+                       formatter_class=HelpFormatter)
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback when something goes wrong")
     parser.add_argument("--verbose", action="store_true",
@@ -46,11 +93,20 @@ def run(main, argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return main(argv)
-    except USER_ERRORS as err:
+    except Exception as err:
+        if not isinstance(err, user_errors()):
+            raise
         if "--debug" in argv:
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def user_errors() -> tuple[type, ...]:
+    """USER_ERRORS, and an export's failed verification once the export module is loaded (it
+    is raised nowhere else)."""
+    export = sys.modules.get("vit_keras.export")
+    return USER_ERRORS + ((export.ExportVerificationError,) if export else ())
 
 
 def positive_int(text: str) -> int:
@@ -73,8 +129,10 @@ def _whole_number(text: str, minimum: int, expected: str) -> int:
     return value
 
 
-def load_model(path: str) -> keras.Model:
+def load_model(path: str):
     """A .keras file in safe mode; a missing file and an unreadable one are told apart."""
+    import keras
+
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
     if not zipfile.is_zipfile(path):
@@ -86,10 +144,14 @@ def load_model(path: str) -> keras.Model:
         raise ValueError(f"model file {path!r} could not be read: {err}") from err
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, variant: str | None = "B/16",
-                        image_size: int | None = 224, num_classes: int = 1000) -> None:
-    group = parser.add_argument_group("model")
-    group.add_argument("--variant", default=variant, help=f"e.g. Ti/16, B/16 (default {variant})")
+def add_model_arguments(parser: argparse.ArgumentParser, without_variant: str,
+                        image_size: int | None = 224, num_classes: int | None = 1000) -> None:
+    """The model's flags; `without_variant` says what the model is when --variant is not
+    given (with the defaults it implies)."""
+    group = parser.add_argument_group("model", textwrap.fill(f"Without --variant: "
+                                                             f"{without_variant}.", 80,
+                                                             break_on_hyphens=False))
+    group.add_argument("--variant", help="e.g. Ti/16, B/16, R50+B/16")
     for flag in SHAPE_FLAGS:
         group.add_argument("--" + flag.replace("_", "-"), type=positive_int, default=None,
                            help="override the variant's value (custom shapes)")
@@ -98,32 +160,43 @@ def add_model_arguments(parser: argparse.ArgumentParser, variant: str | None = "
     group.add_argument("--num-classes", type=positive_int, default=num_classes,
                        help="classes of the head (a dataset's own count wins where known)")
     group.add_argument("--classifier", default=None, choices=CLASSIFIERS,
-                       help=f"default {CLASSIFIERS[0]}")
-    group.add_argument("--posemb", default=None, choices=list(POSITION_EMBEDDINGS),
-                       help="position embedding (default learned)")
+                       help=f"how the head reads the tokens (default: {CLASSIFIERS[0]})")
+    group.add_argument("--posemb", default=None, choices=POSITION_EMBEDDINGS,
+                       help=f"position embedding (default: {POSITION_EMBEDDINGS[0]})")
     group.add_argument("--representation-size", type=positive_int, default=None,
                        help="width of the paper's tanh pre_logits layer (none if not given)")
     group.add_argument("--exact-gelu", action="store_true",
                        help="erf GELU (timm / Hugging Face weights) instead of the tanh one")
-    group.add_argument("--attention-kernel", default="auto", choices=kernels.ATTENTION_KERNELS,
-                       help="how attention is computed (vit_keras.kernels; default auto)")
-    group.add_argument("--family", choices=pretrained.names(), default=None,
+    group.add_argument("--attention-kernel", default="auto", choices=ATTENTION_KERNELS,
+                       help="how attention is computed (vit_keras.kernels)")
+    group.add_argument("--family", metavar="RELEASE", default=None,
                        help="build the model with the vk.vit options of this named release "
-                            "(LayerScale, registers, CLIP's pre-norm, ...: python -m "
-                            "apps.variants --pretrained), for its files and fine-tunes")
+                            "(LayerScale, registers, CLIP's pre-norm, ...: vit-keras variants "
+                            "--pretrained lists them), for its files and fine-tunes")
 
 
-def model_config(args) -> vk.ViTConfig:
+def model_config(args):
+    """The vk.ViTConfig of --variant with the shape flags given."""
+    import vit_keras as vk
+
     overrides = {f: getattr(args, f) for f in SHAPE_FLAGS if getattr(args, f) is not None}
     return dataclasses.replace(vk.get_config(args.variant), **overrides)
 
 
-def model_from_arguments(args, **overrides) -> keras.Model:
+def model_from_arguments(args, **overrides):
+    """vk.vit of the model flags; `overrides` are vk.vit's keywords that the app fixes."""
+    import vit_keras as vk
+    from vit_keras.weights import pretrained
+
     kwargs = dict(image_size=args.image_size, num_classes=args.num_classes,
-                  classifier=args.classifier or "token", posemb=args.posemb or "learned",
+                  classifier=args.classifier or CLASSIFIERS[0],
+                  posemb=args.posemb or POSITION_EMBEDDINGS[0],
                   representation_size=args.representation_size,
                   approximate_gelu=not args.exact_gelu, attention_kernel=args.attention_kernel)
     if args.family:  # the head follows --num-classes and the app, not the release
+        if not pretrained.is_name(args.family):
+            raise ValueError(f"--family {args.family!r}: expected a named release, one of "
+                             f"{', '.join(pretrained.names())}")
         kwargs.update(pretrained.PRETRAINED[args.family].architecture)
     return vk.vit(model_config(args), **{**kwargs, **overrides})
 

@@ -1,13 +1,11 @@
 """Evaluates a saved model (.keras) on a held-out set: top-1, top-5, per-class accuracy and a
 confusion matrix saved as PNG, all written to --out as well as printed.
 
-python -m apps.evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
+vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
 """
 
 import json
 import os
-
-from vit_keras import data, evaluation, intermediates
 
 from .common import add_data_arguments, app_parser, load_model, positive_int, run
 
@@ -25,6 +23,8 @@ def main(argv=None):
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
+    from vit_keras import data, evaluation, intermediates
+
     model = load_model(args.model)
     if args.quantize:
         model.quantize(args.quantize)

@@ -2,7 +2,7 @@
 dynamic-range int8, full-integer int8) and ONNX under savedmodels/<name>/, verifying each
 against the Keras model on held-out images and writing export_report.json.
 
-python -m apps.export runs/fashion_mnist/model.keras [--name fashion_mnist] [--overwrite]
+vit-keras export runs/fashion_mnist/model.keras [--name fashion_mnist] [--overwrite]
 """
 
 import json
@@ -10,12 +10,7 @@ import os
 import subprocess
 import sys
 
-import keras
-
-from vit_keras import data, export, intermediates
-from vit_keras.export.formats import FORMATS
-
-from .common import add_data_arguments, app_parser, load_model, positive_int, run
+from .common import EXPORT_FORMATS, add_data_arguments, app_parser, load_model, positive_int, run
 
 
 def build_parser():
@@ -23,9 +18,9 @@ def build_parser():
     parser.add_argument("model", help="a .keras file")
     parser.add_argument("--name", help="folder name under savedmodels/ (default: the run's)")
     parser.add_argument("--out", help="output folder (default savedmodels/<name>)")
-    parser.add_argument("--formats", nargs="+", default=None, choices=list(FORMATS),
+    parser.add_argument("--formats", nargs="+", default=None, choices=EXPORT_FORMATS,
                         metavar="FORMAT",
-                        help=f"some of {', '.join(FORMATS)} (default: all)")
+                        help=f"some of {', '.join(EXPORT_FORMATS)} (default: all)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export")
     add_data_arguments(parser, "verification and calibration images (default: the data the "
                                "model was trained on, from result.json beside it)", dataset=None)
@@ -57,6 +52,8 @@ def data_source(args) -> dict:
 def images_for(source: dict, model, split: str, count: int):
     """`count` uint8 images of the train or eval split, at the model's size; refuses data
     whose class count is not the model's."""
+    from vit_keras import data, intermediates
+
     folder = source["folder"] if split == "train" else source.get("eval_folder")
     dataset, names = data.load_source(source["dataset"], source[f"{split}_split"], folder,
                                       source.get("data_dir"))
@@ -79,9 +76,13 @@ def export_under_tensorflow(argv) -> None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(argv)
+    import keras
+
+    from vit_keras import export
+
     if keras.backend.backend() != "tensorflow":
         return export_under_tensorflow(argv)
-    args = build_parser().parse_args(argv)
     model = load_model(args.model)
     name = args.name or os.path.basename(os.path.dirname(os.path.abspath(args.model)))
     out = args.out or os.path.join("savedmodels", name)
@@ -94,7 +95,7 @@ def main(argv=None):
     calibration = images_for(source, model, "train", args.calibration)
     try:
         report = export.export_all(model, out, samples, calibration, labels,
-                                   formats=tuple(args.formats or FORMATS),
+                                   formats=tuple(args.formats or EXPORT_FORMATS),
                                    overwrite=args.overwrite)
     finally:
         report_path = os.path.join(out, "export_report.json")

@@ -1,9 +1,9 @@
 """Fine-tunes a pre-trained checkpoint with the paper's recipe (SGD momentum 0.9, warmup then
 cosine, no weight decay, a new zero-initialised head, position embeddings resampled to the new
-resolution): apps.train with --recipe finetune and the weights given first.
+resolution): vit-keras train with --recipe finetune and the weights given first.
 
-python -m apps.finetune WEIGHTS --variant B/16 --image-size 384 --folder DIR --eval-folder DIR
-                        [--grad-accum 8] [--ema 0.9999] [any other apps.train flag]
+vit-keras finetune WEIGHTS --variant B/16 --image-size 384 --folder DIR --eval-folder DIR
+                     [--grad-accum 8] [--ema 0.9999] [any other vit-keras train flag]
 
 WEIGHTS is a file (.npz, .keras, .weights.h5, .safetensors, .pth) or a pre-trained name such
 as augreg_in21k.

@@ -2,7 +2,7 @@
 (Figure 6), patch-embedding filters, position-embedding similarity and mean attention distance
 against depth (Figure 7), and writes the numbers as JSON.
 
-python -m apps.inspect runs/fashion_mnist/model.keras [photo.png ...] [--out DIR]
+vit-keras inspect runs/fashion_mnist/model.keras [photo.png ...] [--out DIR]
 """
 
 import json
@@ -10,9 +10,6 @@ import os
 
 import matplotlib
 import numpy as np
-
-from vit_keras import analysis, data, intermediates
-from vit_keras.preprocessing import preprocess
 
 from .common import add_data_arguments, app_parser, load_model, positive_int, run
 
@@ -102,6 +99,8 @@ def output_folder(args) -> str:
 
 def input_pixels(args, model):
     """(images to draw, images for the attention distance), uint8 at the model's size."""
+    from vit_keras import data, intermediates
+
     size, channels = intermediates.built_image_size(model), model.input.shape[-1]
     if args.images:
         pixels = data.load_image_files(args.images, size, channels)
@@ -113,6 +112,9 @@ def input_pixels(args, model):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    from vit_keras import analysis
+    from vit_keras.preprocessing import preprocess
+
     model = load_model(args.model)
     shown, measured = input_pixels(args, model)
     out = output_folder(args)

@@ -1,24 +1,20 @@
 """Prints the top-k labels with probabilities for image files (or every image in a folder),
 with a .keras model or any export: SavedModel folder, .tflite or .onnx.
 
-python -m apps.predict runs/fashion_mnist/model.keras shoe.png bag.jpg [--top-k 3]
-python -m apps.predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
+vit-keras predict runs/fashion_mnist/model.keras shoe.png bag.jpg [--top-k 3]
+vit-keras predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
 Labels come from labels.txt beside the model unless --labels names another file.
 """
 
 import os
 import pathlib
 
-import numpy as np
-
-from vit_keras import data
-from vit_keras.export import Predictor
-from vit_keras.export.runtimes import sides_text
-
 from .common import app_parser, positive_int, run
 
 
 def image_paths(inputs) -> list[str]:
+    from vit_keras import data
+
     paths = []
     for item in inputs:
         item = pathlib.Path(item)
@@ -53,6 +49,12 @@ def main(argv=None):
                         help="the size images are resized to, for a model that takes any size "
                              "(default: the model's own input size)")
     args = parser.parse_args(argv)
+    import numpy as np
+
+    from vit_keras import data
+    from vit_keras.export import Predictor
+    from vit_keras.export.runtimes import sides_text
+
     if not os.path.exists(args.model):
         raise FileNotFoundError(f"model {args.model!r} does not exist")
     model = Predictor(args.model)

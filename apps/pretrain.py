@@ -2,9 +2,9 @@
 patches corrupted, their mean colour predicted; the training images' labels are not used.
 The backbone is saved as backbone.keras in the run folder, for apps.finetune.
 
-python -m apps.pretrain [--objective masked-patch] [--target mean_color|downsized|pixels]
-                        [--corruption 0.5] [--color-channels 1|3] [--seed 0]
-                        [any apps.train flag: data, model, --epochs, --learning-rate, ...]
+vit-keras pretrain [--objective masked-patch] [--target mean_color|downsized|pixels]
+                   [--corruption 0.5] [--color-channels 1|3] [--seed 0]
+                   [any vit-keras train flag: data, model, --epochs, --learning-rate, ...]
 Without --variant the backbone is the main job's model on Fashion-MNIST (grayscale: the
 targets are 3-bit mean intensities, 8 classes).
 """
@@ -15,12 +15,8 @@ import json
 import os
 import time
 
-import keras
-
-from vit_keras import distribute, masked, training
-
 from . import train
-from .common import model_config, run
+from .common import MASKED_TARGETS, model_config, run
 
 OBJECTIVES = ("masked-patch",)
 
@@ -30,7 +26,7 @@ def build_parser():
     group = parser.add_argument_group("masked patch prediction")
     group.add_argument("--objective", default="masked-patch", choices=OBJECTIVES,
                        help="the self-supervised objective (the paper's)")
-    group.add_argument("--target", default="mean_color", choices=list(masked.TARGETS),
+    group.add_argument("--target", default="mean_color", choices=MASKED_TARGETS,
                        help="what each corrupted patch predicts (default: its mean colour)")
     group.add_argument("--corruption", type=float, default=0.5,
                        help="share of the patches corrupted (the paper: 0.5; also 0.15)")
@@ -51,6 +47,10 @@ def fill_pretrain_defaults(args) -> None:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    import keras
+
+    from vit_keras import distribute, masked, training
+
     fill_pretrain_defaults(args)
     started = time.time()
     keras.utils.set_random_seed(args.seed)  # --seed (apps.train's) also seeds the corruption

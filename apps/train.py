@@ -1,8 +1,8 @@
 """Trains a ViT with one of the recipes and evaluates it; with no arguments, the main job:
 a small ViT on Fashion-MNIST (offline), evaluated on its test split.
 
-python -m apps.train [--dataset fashion_mnist | --dataset NAME (tfds) | --folder DIR]
-                     [--recipe fashion_mnist|pretrain|finetune|scratch] [--epochs N] ...
+vit-keras train [--dataset fashion_mnist | --dataset NAME (tfds) | --folder DIR]
+                [--recipe fashion_mnist|pretrain|finetune|scratch] [--epochs N] ...
 
 Rerunning the same command after an interruption resumes from the last finished epoch.
 """
@@ -13,14 +13,10 @@ import json
 import os
 import time
 
-import keras
-
-import vit_keras as vk
-from vit_keras import data, distribute, training
-from vit_keras.lora import TARGETS as LORA_TARGETS
-from vit_keras.weights import load_weights
-
 from .common import (
+    DISTRIBUTIONS,
+    LORA_TARGETS,
+    RECIPES,
     add_data_arguments,
     add_model_arguments,
     app_parser,
@@ -53,7 +49,7 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                         help="an unreadable file in --folder: leave it out with a warning, or "
                              "stop")
     fit = parser.add_argument_group("training")
-    fit.add_argument("--recipe", default=None, choices=sorted(training.RECIPES),
+    fit.add_argument("--recipe", default=None, choices=RECIPES,
                      help="default: fashion_mnist for the main job, else scratch")
     fit.add_argument("--epochs", type=positive_int, default=20, help="passes over the data")
     fit.add_argument("--batch-size", type=positive_int, default=128,
@@ -77,7 +73,7 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--eval-limit", type=positive_int, default=None,
                      help="evaluate on the first N held-out images only")
     fit.add_argument("--run-dir", default=None, help="default runs/<dataset>")
-    fit.add_argument("--distribution", default="auto", choices=distribute.KINDS,
+    fit.add_argument("--distribution", default="auto", choices=DISTRIBUTIONS,
                      help="auto picks from the devices present (see docs/distribute.md)")
     fit.add_argument("--tpu", help="TPU name or grpc:// address for --distribution tpu")
     fit.add_argument("--model-axis", type=positive_int, default=2,
@@ -98,12 +94,17 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--recipe-option", action="append", default=[], metavar="FIELD=VALUE",
                      help="change one field of the recipe (vit_keras.training.Recipe), e.g. "
                           "label_smoothing=0.1; repeat for more")
-    add_model_arguments(parser, variant=None, image_size=None)
+    add_model_arguments(parser, "the main job's model (4 blocks of width 64, 4x4-pixel patches "
+                                "of 28-pixel images, global average pooling, sincos2d); with "
+                                "--variant, --image-size is 224 unless given",
+                        image_size=None)
     return parser
 
 
 def fill_defaults(args) -> None:
     """Without --variant the model is the main job's; flags given still win."""
+    import keras
+
     main_job = args.variant is None
     if main_job:
         for key, value in MAIN_JOB_MODEL.items():
@@ -121,7 +122,10 @@ def fill_defaults(args) -> None:
         args.recipe = "fashion_mnist" if plain_main_job else "scratch"
 
 
-def recipe_from_arguments(args) -> training.Recipe:
+def recipe_from_arguments(args):
+    """The vit_keras.training.Recipe of --recipe, with the options given."""
+    from vit_keras import training
+
     recipe = training.with_options(training.RECIPES[args.recipe], args.recipe_option)
     if args.grad_accum or args.ema:
         recipe = dataclasses.replace(
@@ -137,6 +141,8 @@ def count_examples(dataset) -> int:
 
 def load_sources(args):
     """(train dataset, eval dataset or None, class names)."""
+    from vit_keras import data
+
     train, names = data.load_source(args.dataset, args.train_split, args.folder, args.data_dir,
                                     args.on_bad_image)
     if args.folder:
@@ -153,6 +159,8 @@ def load_sources(args):
 
 def pipelines(args, recipe, train, evaluation, num_classes):
     """(repeated training batches, held-out batches or None)."""
+    from vit_keras import data, training
+
     common = dict(image_size=args.image_size, num_classes=num_classes,
                   batch_size=args.batch_size, channels=3)
     train_batches = data.make_pipeline(train, training=True, **training.pipeline_options(recipe),
@@ -162,7 +170,11 @@ def pipelines(args, recipe, train, evaluation, num_classes):
     return train_batches, eval_batches
 
 
-def build_model(args, recipe, num_classes, distribution) -> keras.Model:
+def build_model(args, recipe, num_classes, distribution):
+    """The model of the flags in the distribution's scope, with its initial weights."""
+    import vit_keras as vk
+    from vit_keras.weights import load_weights
+
     with distribution.scope:
         model = model_from_arguments(args, num_classes=num_classes,
                                      dropout_rate=recipe.dropout_rate,
@@ -179,6 +191,8 @@ def build_model(args, recipe, num_classes, distribution) -> keras.Model:
 
 def write_results(args, run_dir, model, names, num_classes, history, eval_batches, started,
                   fit_started) -> dict:
+    import vit_keras as vk
+
     model_path = os.path.join(run_dir, "model.keras")
     (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
     result = {"epochs": len(history), "fit_seconds": round(time.time() - fit_started, 1),
@@ -205,6 +219,10 @@ def main(argv=None):
 
 def run_training(args) -> dict:
     """Trains, evaluates and writes the run described by parsed arguments."""
+    import keras
+
+    from vit_keras import distribute, training
+
     fill_defaults(args)
     started = time.time()
     keras.utils.set_random_seed(args.seed)

@@ -1,22 +1,19 @@
-"""Prints the table of variants and hybrids with their parameter counts, built from the code.
+"""Prints the table of variants and hybrids with their parameter counts, counted from their
+shapes.
 
-python -m apps.variants [--image-size 224] [--num-classes 1000] [--pretrained]
+vit-keras variants [--image-size 224] [--num-classes 1000] [--pretrained]
 """
-
-import keras
-
-import vit_keras as vk
-from vit_keras.weights import pretrained
 
 from .common import app_parser, positive_int, run
 
 
 def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
+    from vit_keras.configs import VARIANTS, parameter_count
+
     rows = ["| variant | layers | hidden D | MLP | heads | patch | parameters |",
             "|---|---|---|---|---|---|---|"]
-    for name, config in vk.VARIANTS.items():
-        params = vk.vit(name, image_size=image_size, num_classes=num_classes).count_params()
-        keras.backend.clear_session()
+    for name, config in VARIANTS.items():
+        params = parameter_count(name, image_size, num_classes)
         patch = str(config.patch_size)
         if config.is_hybrid:
             stages = ",".join(map(str, config.resnet_layers)) or "root only"
@@ -27,6 +24,8 @@ def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
 
 
 def pretrained_table() -> str:
+    from vit_keras.weights import pretrained
+
     rows = ["| name | variants | resolution | classes | trained on | vk.vit options | licence |",
             "|---|---|---|---|---|---|---|"]
     for name in pretrained.names():

@@ -3,6 +3,7 @@ start-up, the installed console script and what pip installs. Argument and error
 not depend on the Keras backend, so the process-level tests run under TensorFlow only."""
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -36,26 +37,98 @@ def docstring(name: str) -> str:
     return ast.get_docstring(ast.parse((ROOT / "apps" / f"{name}.py").read_text()))
 
 
-@pytest.mark.parametrize("name", list(APPS))
-def test_help_prints_the_whole_purpose_and_every_flag_with_help(name):
-    done = app(f"apps.{name}", "--help")
+# Every app's --help through the vit-keras command, in one process, and the heavy modules that
+# printing them imported.
+HELPS = """
+import contextlib, io, json, sys
+from apps import cli
+helps = {}
+for name in cli.APPS:
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        cli.main([name, "--help"])
+    helps[name] = out.getvalue()
+heavy = ("keras", "tensorflow", "torch", "jax")
+print(json.dumps({"helps": helps, "imported": [m for m in heavy if m in sys.modules]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def helps():
+    done = app(command=[sys.executable, "-c", HELPS])
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"usage: python -m apps.{name}")
+    return json.loads(done.stdout)
+
+
+def test_help_imports_neither_keras_nor_tensorflow(helps):
+    assert helps["imported"] == []
+
+
+# A flag's first line in --help ("  --epochs EPOCHS  passes ...", "  -h, --help", "  --remat"),
+# not a group description's line that begins with a flag's name.
+FLAG_LINE = re.compile(r"  -[-\w]+(,| [A-Z{(]| {2,}|$)")
+
+
+def option_entries(text: str) -> list[str]:
+    """Each flag of a --help text with its help, as one line."""
+    entries = []
+    for line in text.splitlines():
+        if FLAG_LINE.match(line):
+            entries.append(line.strip())
+        elif entries and line.startswith(" " * 8) and line.strip():
+            entries[-1] += " " + line.strip()
+        elif not line.strip():
+            entries.append("")
+    return [entry for entry in entries if entry]
+
+
+@pytest.mark.parametrize("name", list(APPS))
+def test_help_prints_the_whole_purpose_and_every_flag_with_help(helps, name):
+    text = helps["helps"][name]
+    assert text.startswith(f"usage: vit-keras {name} ")
     last_line = docstring(name).strip().splitlines()[-1].strip()
-    assert last_line in done.stdout  # the whole docstring, not its first line
-    lines = done.stdout.splitlines()
-    options = [i for i, line in enumerate(lines) if line.startswith("  -")]
+    assert last_line in text  # the whole docstring, not its first line
+    assert "python -m apps" not in text  # the examples use the installed command
+    lines = text.splitlines()
+    options = [i for i, line in enumerate(lines) if FLAG_LINE.match(line)]
     assert options
     for i in options:  # help follows the flag on its line, or on the next, indented further
         on_its_line = re.search(r"\S {2,}\S", lines[i].strip())
         below = i + 1 < len(lines) and lines[i + 1].startswith(" " * 8) and lines[i + 1].strip()
         assert on_its_line or below, lines[i]
-    assert "cpu_feature_guard" not in done.stderr and "oneDNN" not in done.stderr
+    for entry in option_entries(text):  # a default is told once, and only if there is one
+        assert entry.lower().count("default") <= 1, entry
+        assert "(default: None)" not in entry and "(default: False)" not in entry, entry
 
 
-def test_flag_defaults_are_shown():
-    done = app("apps.train", "--help")
-    assert "passes over the data (default: 20)" in " ".join(done.stdout.split())  # --epochs
+def test_flag_defaults_are_shown(helps):
+    text = " ".join(helps["helps"]["train"].split())
+    assert "passes over the data (default: 20)" in text  # --epochs
+    assert "how the head reads the tokens (default: token)" in text  # --classifier
+
+
+def test_python_m_names_the_module_in_its_usage():
+    done = app("apps.variants", "--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: python -m apps.variants")
+
+
+def test_the_apps_choices_are_the_librarys():
+    """apps.common spells the library's names so that a parser needs no Keras."""
+    from apps import common
+    from vit_keras import distribute, kernels, masked, training
+    from vit_keras.export.formats import FORMATS
+    from vit_keras.lora import TARGETS as LORA_TARGETS
+    from vit_keras.models import CLASSIFIERS
+    from vit_keras.position_embeddings import POSITION_EMBEDDINGS
+
+    assert common.CLASSIFIERS == tuple(CLASSIFIERS)
+    assert common.POSITION_EMBEDDINGS == tuple(POSITION_EMBEDDINGS)
+    assert common.ATTENTION_KERNELS == tuple(kernels.ATTENTION_KERNELS)
+    assert common.RECIPES == tuple(sorted(training.RECIPES))
+    assert common.LORA_TARGETS == tuple(LORA_TARGETS)
+    assert common.DISTRIBUTIONS == tuple(distribute.KINDS)
+    assert common.EXPORT_FORMATS == tuple(FORMATS)
+    assert common.MASKED_TARGETS == tuple(masked.TARGETS)
 
 
 def write_bad_files(tmp_path):
@@ -89,6 +162,7 @@ def test_a_mistake_ends_with_one_clear_line_and_no_traceback(tmp_path, argv, mes
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+    assert "cpu_feature_guard" not in done.stderr and "oneDNN" not in done.stderr
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"  # nothing overwritten
 
 

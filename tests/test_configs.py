@@ -1,7 +1,7 @@
 import pytest
 
 import vit_keras as vk
-from vit_keras.configs import ViTConfig, get_config
+from vit_keras.configs import ViTConfig, get_config, parameter_count
 
 
 def test_official_variants_have_paper_shapes():
@@ -49,3 +49,28 @@ def test_hybrids_follow_the_official_configs():
 def test_bad_resnet_layers_are_refused(layers):
     with pytest.raises(ValueError, match="resnet_layers must be None or a tuple of positive"):
         ViTConfig(32, 1, 4, 64, 1, resnet_layers=layers)
+
+
+def test_parameter_count_from_the_shape_is_the_official_count():
+    from tests.test_models import HYBRID_PARAMS, OFFICIAL_PARAMS  # vit-facts.md, section 2
+
+    for variant, count in {**OFFICIAL_PARAMS, **HYBRID_PARAMS}.items():
+        assert parameter_count(variant) == count, variant
+
+
+@pytest.mark.parametrize("config, image_size, num_classes", [
+    (dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8), (32, 48), 3),
+    (dict(hidden_size=32, num_layers=1, num_heads=2, mlp_dim=48, patch_size=1,
+          resnet_layers=(1, 2), resnet_width=32), 32, 5),
+    (dict(hidden_size=32, num_layers=1, num_heads=2, mlp_dim=48, patch_size=2,
+          resnet_layers=(), resnet_width=32), 32, 2),
+])
+def test_parameter_count_is_what_a_built_model_counts(config, image_size, num_classes):
+    built = vk.vit(config, image_size=image_size, num_classes=num_classes)
+    assert parameter_count(config, image_size, num_classes) == built.count_params()
+
+
+def test_parameter_count_refuses_an_image_of_partial_cells():
+    with pytest.raises(ValueError, match="image_size 100x100 is not divisible by the 16-pixel "
+                                         "cells of 'B/16'"):
+        parameter_count("B/16", 100)

@@ -161,3 +161,41 @@ def checkpoint_name(layer_name: str) -> str:
     if layer_name.startswith(prefix):
         return "Transformer/" + layer_name[len(prefix):]
     return re.sub(r"^(block\d+)_(unit\d+)$", r"\1/\2", layer_name)
+
+
+def _resnet_parameter_count(config: ViTConfig) -> tuple[int, int]:
+    """(parameters, output channels) of a hybrid's ResNet (vit_keras.resnet): bias-free
+    convolutions, a GroupNorm scale and bias after each, a projection where a unit changes the
+    shape."""
+    width = config.resnet_width
+    count, channels = 7 * 7 * 3 * width + 2 * width, width  # conv_root, gn_root
+    for stage, units in enumerate(config.resnet_layers):
+        features = width * 2**stage
+        for unit in range(units):
+            count += (channels * features + 2 * features + 9 * features * features
+                      + 2 * features + features * 4 * features + 2 * 4 * features)
+            if channels != 4 * features or (stage > 0 and unit == 0):
+                count += channels * 4 * features + 2 * 4 * features  # conv_proj, gn_proj
+            channels = 4 * features
+    return count, channels
+
+
+def parameter_count(variant: str | ViTConfig | dict, image_size=224,
+                    num_classes: int = 1000) -> int:
+    """The parameters of the paper's model (class token, learned position embedding, no
+    pre_logits) counted from its shape, without building it: what vk.vit(variant, image_size,
+    num_classes).count_params() gives."""
+    config = get_config(variant)
+    height, width = as_pair(image_size, "image_size")
+    if height % config.cell_size or width % config.cell_size:
+        raise ValueError(f"image_size {height}x{width} is not divisible by the "
+                         f"{config.cell_size}-pixel cells of {variant!r}")
+    hidden, mlp = config.hidden_size, config.mlp_dim
+    stem, channels = _resnet_parameter_count(config) if config.is_hybrid else (0, 3)
+    tokens = (height // config.cell_size) * (width // config.cell_size) + 1
+    embedding = config.patch_size**2 * channels * hidden + hidden
+    block = (2 * 2 * hidden  # two LayerNorms
+             + 4 * (hidden * hidden + hidden)  # query, key, value and output projections
+             + hidden * mlp + mlp + mlp * hidden + hidden)
+    return (stem + embedding + hidden + tokens * hidden + config.num_layers * block
+            + 2 * hidden + hidden * num_classes + num_classes)

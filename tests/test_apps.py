@@ -33,6 +33,46 @@ def test_convert_npz_to_keras_and_back(tmp_path, capsys):
         convert.main([str(tmp_path / "out.keras"), str(tmp_path / "back.npz")])
 
 
+@pytest.mark.parametrize("config, image_size, num_classes, named", [
+    (TINY, 48, 5, "custom shape (hidden_size 32, num_layers 2, num_heads 4, mlp_dim 64, "
+                  "patch_size 8), 48 px, 5 classes"),
+    ({**TINY, "patch_size": 1, "resnet_layers": (1,), "resnet_width": 32}, 32, 3,
+     "custom shape (hidden_size 32, num_layers 2, num_heads 4, mlp_dim 64, patch_size 1), "
+     "32 px, 3 classes"),
+])
+def test_convert_builds_the_model_an_npz_holds_without_variant(tmp_path, capsys, config,
+                                                               image_size, num_classes, named):
+    import numpy as np
+
+    import vit_keras as vk
+    from apps import convert
+    from tests.conftest import randomize
+
+    source = randomize(vk.vit(config, image_size=image_size, num_classes=num_classes))
+    vk.save_npz(source, tmp_path / "in.npz")
+    convert.main([str(tmp_path / "in.npz"), str(tmp_path / "out.keras")])
+    assert named in capsys.readouterr().out
+    converted = keras.saving.load_model(tmp_path / "out.keras", safe_mode=True)
+    assert converted.count_params() == source.count_params()
+    for mine, theirs in zip(converted.weights, source.weights, strict=True):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(mine.value),
+                                      keras.ops.convert_to_numpy(theirs.value), err_msg=mine.path)
+
+
+def test_convert_asks_for_the_variant_where_the_file_does_not_say(tmp_path):
+    import vit_keras as vk
+    from apps import convert
+
+    vk.vit(TINY, image_size=32, num_classes=2).save_weights(tmp_path / "w.weights.h5")
+    with pytest.raises(ValueError, match=r"w\.weights\.h5: pass --variant \(e\.g\. --variant "
+                                         r"B/16\) or every shape flag"):
+        convert.main([str(tmp_path / "w.weights.h5"), str(tmp_path / "w.npz")])
+    with pytest.raises(ValueError, match="--family 'nope': expected a named release, one of "
+                                         "augreg_in21k, "):
+        convert.main([str(tmp_path / "w.weights.h5"), str(tmp_path / "w.npz"), "--variant",
+                      "Ti/16", "--family", "nope"])
+
+
 def saved_tiny_model(tmp_path, num_classes=2):
     import vit_keras as vk
     from tests.conftest import randomize

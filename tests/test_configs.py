@@ -1,7 +1,7 @@
 import pytest
 
 import vit_keras as vk
-from vit_keras.configs import ViTConfig, get_config, parameter_count
+from vit_keras.configs import ViTConfig, get_config, parameter_count, variant_name
 
 
 def test_official_variants_have_paper_shapes():
@@ -74,3 +74,10 @@ def test_parameter_count_refuses_an_image_of_partial_cells():
     with pytest.raises(ValueError, match="image_size 100x100 is not divisible by the 16-pixel "
                                          "cells of 'B/16'"):
         parameter_count("B/16", 100)
+
+
+def test_variant_name_is_the_name_that_parses_to_a_shape():
+    for name in ("Ti/16", "B/14", "R50+B/16", "R+Ti/16"):
+        assert variant_name(get_config(name)) == name
+    assert variant_name(ViTConfig(192, 12, 3, 768, 16, resnet_layers=(3,))) is None
+    assert variant_name(ViTConfig(192, 12, 4, 768, 16)) is None  # Ti's width, not its heads

@@ -111,6 +111,17 @@ VARIANTS: dict[str, ViTConfig] = {name: parse_variant(name)
                                    for name in (*OFFICIAL, *HYBRID_SHAPES)}
 
 
+def variant_name(config: ViTConfig) -> str | None:
+    """The name that parses to this shape ("Ti/16", "B/14", "R50+B/16"); None for a custom
+    shape."""
+    known = next((name for name, variant in VARIANTS.items() if variant == config), None)
+    if known or config.is_hybrid:
+        return known
+    size = next((size for size, fields in SIZES.items()
+                 if all(getattr(config, k) == v for k, v in fields.items())), None)
+    return f"{size}/{config.patch_size}" if size else None
+
+
 def get_config(variant: str | ViTConfig | dict) -> ViTConfig:
     """Accept a variant name, a ViTConfig, or a dict of ViTConfig fields (custom shapes)."""
     if isinstance(variant, ViTConfig):

@@ -3,6 +3,7 @@ layouts, each rewritten to the canonical pre-Linen names (vit_keras.weights.assi
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -10,6 +11,7 @@ import zipfile
 import keras
 import numpy as np
 
+from vit_keras.configs import ViTConfig
 from vit_keras.weights.assign import (
     BLOCK_KEY,
     POSEMB_KEY,
@@ -17,6 +19,8 @@ from vit_keras.weights.assign import (
     load_params,
     merged_kernels,
     model_variables,
+    num_blocks,
+    num_embedded_prefix,
 )
 
 _PREFIXES = ("opt/target/", "params/img/", "params/")
@@ -24,6 +28,7 @@ _PREFIXES = ("opt/target/", "params/img/", "params/")
 _LINEN_TO_PRE_LINEN = {"MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
                        "LayerNorm_1": "LayerNorm_2", "MlpBlock_0": "MlpBlock_3"}
 _GROUP_NORM = re.compile(r"(^|/)gn(\d+|_root|_proj)/(scale|bias)$")
+_RESNET_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
 
 
 def read_npz(path: str) -> dict[str, np.ndarray]:
@@ -80,6 +85,39 @@ def canonicalize(params: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
             renamed["/".join(parts)] = value
         params = renamed
     return params, ", ".join(layout) or "vit_jax (pre-Linen names)", grid_only
+
+
+def read_npz_shape(path: str) -> tuple[ViTConfig, int | None, int | None]:
+    """The shape of the model an .npz checkpoint holds, read from its arrays: its ViTConfig
+    (a hybrid's ResNet too), its image size (None unless the position embedding covers a
+    square grid) and its head's classes (None without a head)."""
+    params, _, grid_only = canonicalize(read_npz(path))
+    first = "Transformer/encoderblock_0/"
+    needed = ("embedding/kernel", first + "MultiHeadDotProductAttention_1/query/kernel",
+              first + "MlpBlock_3/Dense_0/kernel")
+    missing = [key for key in needed if key not in params]
+    if missing:
+        raise ValueError(f"{os.fspath(path)!r} has no {', '.join(missing)}: not a ViT "
+                         "checkpoint in a layout whose shapes give the model")
+    patch, _, _, hidden = params[needed[0]].shape
+    units = {}
+    for key in params:
+        if match := _RESNET_UNIT.match(key):
+            stage, unit = int(match.group(1)), int(match.group(2))
+            units[stage] = max(units.get(stage, 0), unit)
+    hybrid = "conv_root/kernel" in params
+    config = ViTConfig(
+        hidden_size=int(hidden), num_layers=num_blocks(params),
+        num_heads=int(params[needed[1]].shape[1]), mlp_dim=int(params[needed[2]].shape[1]),
+        patch_size=int(patch), resnet_layers=tuple(units[s] for s in sorted(units)) if hybrid
+        else None, resnet_width=int(params["conv_root/kernel"].shape[-1]) if hybrid else 64)
+    image_size = None
+    if POSEMB_KEY in params:
+        tokens = params[POSEMB_KEY].shape[1] - (0 if grid_only else num_embedded_prefix(params))
+        side = math.isqrt(tokens)
+        image_size = side * config.cell_size if side * side == tokens else None
+    head = params.get("head/kernel")
+    return config, image_size, None if head is None else int(head.shape[-1])
 
 
 def load_npz(model: keras.Model, path: str, resample: str = "auto") -> LoadReport:

@@ -3,7 +3,8 @@ with a .keras model or any export: SavedModel folder, .tflite or .onnx.
 
 vit-keras predict runs/fashion_mnist/model.keras shoe.png bag.jpg [--top-k 3]
 vit-keras predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
-Labels come from labels.txt beside the model unless --labels names another file.
+Labels come from labels.txt beside the model unless --labels names another file; either must
+hold one name per class of the model.
 """
 
 import os
@@ -30,11 +31,19 @@ def image_paths(inputs) -> list[str]:
     return paths
 
 
-def read_labels(path, count):
-    if path and os.path.exists(path):
-        with open(path) as file:
-            return [line.rstrip("\n") for line in file][:count]
-    return [str(i) for i in range(count)]
+def read_labels(path: str, count: int, given: bool) -> list[str]:
+    """The names in `path`, which must be one per class; the class numbers when a file that
+    was not given by name does not exist."""
+    if not given and not os.path.exists(path):
+        return [str(i) for i in range(count)]
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"labels file {path!r} does not exist")
+    with open(path) as file:
+        names = file.read().splitlines()
+    if len(names) != count:
+        raise ValueError(f"labels file {path!r} has {len(names)} names but the model has "
+                         f"{count} classes: pass the labels of the model's training run")
+    return names
 
 
 def main(argv=None):
@@ -69,7 +78,7 @@ def main(argv=None):
     pixels = data.load_image_files(paths, tuple(size), channels)
     probabilities = model(pixels)["probabilities"]
     beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), "labels.txt")
-    labels = read_labels(args.labels or beside, probabilities.shape[-1])
+    labels = read_labels(args.labels or beside, probabilities.shape[-1], bool(args.labels))
     results = []
     for path, row in zip(paths, probabilities, strict=True):
         best = np.argsort(-row)[:args.top_k]

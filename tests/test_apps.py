@@ -107,6 +107,22 @@ def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
         predict.main([path, str(tmp_path / "missing.png")])
 
 
+def test_predict_refuses_labels_of_another_class_count(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from apps import predict
+
+    _, path = saved_tiny_model(tmp_path)  # two classes
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "a.png")
+    (tmp_path / "ten.txt").write_text("\n".join(f"class{i}" for i in range(10)) + "\n")
+    with pytest.raises(ValueError, match=r"labels file '.*ten\.txt' has 10 names but the model "
+                                         "has 2 classes"):
+        predict.main([path, str(tmp_path / "a.png"), "--labels", str(tmp_path / "ten.txt")])
+    with pytest.raises(FileNotFoundError, match=r"labels file '.*none\.txt' does not exist"):
+        predict.main([path, str(tmp_path / "a.png"), "--labels", str(tmp_path / "none.txt")])
+
+
 def write_images(root, per_class, size, seed):
     """root/cat and root/dog with per_class random PNGs of size x size pixels each."""
     import numpy as np

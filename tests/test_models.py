@@ -403,3 +403,88 @@ def test_fit_with_patch_dropout_lowers_loss_and_refuses_a_whole_drop():
     assert history[-1] < 0.5 * history[0], history
     with pytest.raises(ValueError, match=r"patch_drop_rate must be in \[0, 1\), got 1.0"):
         vk.vit(TINY, image_size=32, patch_drop_rate=1.0)
+
+
+def general_path_block_output(block, tokens, monkeypatch):
+    """The block's output with its sublayers called as Keras layers, not on the direct path."""
+    with monkeypatch.context() as patch:
+        for layer_class in (vk.layers.MultiHeadDotProductAttention, vk.layers.MlpBlock):
+            patch.setattr(layer_class, "takes_direct_path", lambda self, *args: False)
+        return keras.ops.convert_to_numpy(
+            keras.ops.cast(block(tokens, training=False), "float32"))
+
+
+@pytest.mark.parametrize("policy, atol", [("float32", 1e-5), ("mixed_bfloat16", 3e-2)])
+@pytest.mark.parametrize("options", [
+    {}, dict(layer_scale=0.5, qkv_bias=False, proj_bias=False, mlp_activation="quick_gelu",
+             attention_kernel="einsum")])
+def test_block_direct_path_equals_its_general_path(policy, atol, options, monkeypatch):
+    """The direct path (sublayers' variables through vit_keras.kernels, no Keras calls) gives
+    the general path's numbers to the dtype's tolerance on every backend, and is the path
+    taken by default."""
+    keras.config.set_dtype_policy(policy)
+    try:
+        block = randomize_layer(vk.layers.TransformerBlock(num_heads=4, mlp_dim=64, **options),
+                                (2, 17, 32))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert block.attention.takes_direct_path() and block.mlp.takes_direct_path()
+    tokens = keras.ops.cast(np.random.default_rng(3).normal(size=(2, 17, 32)),
+                            block.compute_dtype)
+    direct = keras.ops.convert_to_numpy(keras.ops.cast(block(tokens), "float32"))
+    general = general_path_block_output(block, tokens, monkeypatch)
+    assert direct.dtype == general.dtype and np.abs(general - direct).max() <= atol, (
+        np.abs(general - direct).max())
+    assert np.abs(direct - keras.ops.convert_to_numpy(keras.ops.cast(tokens, "float32"))
+                  ).max() > 0.1
+
+
+def test_options_the_direct_path_cannot_serve_take_the_general_path():
+    """Attention probabilities, attention dropout and dropout in training, qk_norm, LoRA and
+    quantized kernels each send the sublayer that needs them to its Keras calls."""
+    block = randomize_layer(vk.layers.TransformerBlock(
+        num_heads=4, mlp_dim=64, dropout_rate=0.1, attention_dropout_rate=0.1), (2, 17, 32))
+    assert block.attention.takes_direct_path(training=False)
+    assert not block.attention.takes_direct_path(training=True)
+    assert not block.attention.takes_direct_path(return_attention_scores=True)
+    assert block.mlp.takes_direct_path(training=False)
+    assert not block.mlp.takes_direct_path(training=True)
+    qk = randomize_layer(vk.layers.TransformerBlock(num_heads=4, mlp_dim=64, qk_norm=True),
+                         (2, 17, 32))
+    assert not qk.attention.takes_direct_path() and qk.mlp.takes_direct_path()
+    model = vk.lora(vk.vit(TINY, image_size=32, num_classes=3), rank=2, targets=("value",))
+    lora_block = model.get_layer("Transformer_encoderblock_0")
+    assert not lora_block.attention.takes_direct_path() and lora_block.mlp.takes_direct_path()
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    model.quantize("int8")
+    quantized = model.get_layer("Transformer_encoderblock_0")
+    assert not quantized.attention.takes_direct_path()
+    assert not quantized.mlp.takes_direct_path()
+
+
+def test_dropout_in_training_still_drops_on_the_general_path():
+    """With dropout the training output is random and differs from inference; at rate 0
+    training and inference agree (both on the direct path)."""
+    tokens = np.random.default_rng(4).normal(size=(2, 17, 32)).astype("float32")
+    for rates, differs in (((0.0, 0.0), False), ((0.5, 0.0), True), ((0.0, 0.5), True)):
+        block = randomize_layer(vk.layers.TransformerBlock(
+            num_heads=4, mlp_dim=64, dropout_rate=rates[0], attention_dropout_rate=rates[1],
+            seed=1), (2, 17, 32))
+        trained = keras.ops.convert_to_numpy(block(tokens, training=True))
+        inferred = keras.ops.convert_to_numpy(block(tokens, training=False))
+        assert (np.abs(trained - inferred).max() > 1e-3) == differs, rates
+
+
+def test_images_with_other_channels_than_the_model_are_one_line_naming_both():
+    # Keras' own input check lets one channel through; the convolution's error came wrapped
+    # in a dump of the arguments of every enclosing call.
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    gray = images()[..., :1]
+    for run in (model, lambda x: model.predict(x, verbose=0)):
+        with pytest.raises(ValueError) as error:
+            run(gray)
+        message = str(error.value)
+        assert message.startswith("expected images with 3 channels, got 1 (images of shape (")
+        assert "\n" not in message and "build the model with channels=1" in message
+    one_channel = vk.vit(TINY, image_size=32, num_classes=3, channels=1)
+    assert one_channel(gray).shape == (2, 3)

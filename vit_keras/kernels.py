@@ -4,11 +4,16 @@ layers read as the paper. This is the only module of the model that names a back
 attention, softmax(q k^T / sqrt(D_h)) v over (batch, tokens, heads, D_h) tensors:
 - "einsum": keras.ops einsums in head-major layout, softmax in float32; the only kernel that
   can return the probabilities or apply attention dropout, so those always take it.
-- "fused": keras.ops.dot_product_attention, which Keras maps to the backend's fused kernel
-  (PyTorch's scaled_dot_product_attention, cuDNN under JAX on GPU).
+- "fused": the backend's fused kernel: PyTorch's scaled_dot_product_attention, called
+  directly; keras.ops.dot_product_attention elsewhere (cuDNN under JAX on GPU).
 - "auto": "fused" where the backend has a fused kernel (PyTorch; JAX on an accelerator),
   else "einsum": TensorFlow's and JAX's CPU versions of the fused op are the same einsums in
   a token-major layout (docs/performance.md times both kernels).
+
+dense and layer_norm compute what a plain Dense, EinsumDense or LayerNormalization layer's
+call returns, from its variables: the blocks' direct path (vit_keras.layers). On PyTorch they
+are torch ops on the variables' tensors, since in eager mode a Keras layer call or keras.ops
+call costs many times the arithmetic of a small model (docs/performance.md, host overhead).
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ def check_attention_kernel(kernel: str) -> str:
     return kernel
 
 
+def on_torch() -> bool:
+    return keras.backend.backend() == "torch"
+
+
 def backend_has_fused_attention() -> bool:
     """Whether "auto" picks the fused kernel: on PyTorch, and on JAX with an accelerator."""
     backend = keras.backend.backend()
@@ -38,6 +47,10 @@ def backend_has_fused_attention() -> bool:
 
         return jax.default_backend() != "cpu"
     return False
+
+
+def uses_fused(kernel: str) -> bool:
+    return kernel == "fused" or (kernel == "auto" and backend_has_fused_attention())
 
 
 def einsum_attention(query, key, value, dropout=None, training=None):
@@ -52,11 +65,70 @@ def einsum_attention(query, key, value, dropout=None, training=None):
     return ops.transpose(attended, (0, 2, 1, 3)), probs
 
 
+def fused_attention(query, key, value):
+    """The fused kernel on (batch, tokens, heads, D_h) tensors. PyTorch's is called directly:
+    Keras' op first probes which of torch's kernels applies, which costs an eager call time
+    and breaks torch.compile's graph at every attention."""
+    if on_torch():
+        import torch
+
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value).transpose(1, 2)
+    return ops.dot_product_attention(query, key, value)
+
+
 def attention(query, key, value, kernel: str = "auto", dropout=None, training=None,
               return_probabilities: bool = False):
     """Attended values, and the probabilities (None from the fused kernel). dropout: a Keras
     Dropout layer for the probabilities, or None."""
-    use_fused = (kernel == "fused" or (kernel == "auto" and backend_has_fused_attention()))
-    if return_probabilities or dropout is not None or not use_fused:
+    if return_probabilities or dropout is not None or not uses_fused(kernel):
         return einsum_attention(query, key, value, dropout, training)
-    return ops.dot_product_attention(query, key, value), None
+    return fused_attention(query, key, value), None
+
+
+def multi_head_attention(query, key, value, num_heads: int, kernel: str = "auto"):
+    """attention() on (batch, tokens, heads * D_h) projections, in and out: the heads split
+    and merged around the kernel."""
+    if on_torch():
+        batch, tokens, width = query.shape
+        heads = (batch, tokens, num_heads, width // num_heads)
+        query, key, value = (t.reshape(heads) for t in (query, key, value))
+        attended, _ = attention(query, key, value, kernel)
+        return attended.reshape(batch, tokens, width)
+    batch, tokens, width = ops.shape(query)
+    heads = (batch, tokens, num_heads, width // num_heads)
+    query, key, value = (ops.reshape(t, heads) for t in (query, key, value))
+    attended, _ = attention(query, key, value, kernel)
+    return ops.reshape(attended, (batch, tokens, width))
+
+
+def dense(x, layer):
+    """layer(x) for a Dense or EinsumDense layer whose call is x times its kernel plus its
+    bias (no LoRA, no quantized kernel), over x's last axis: the kernel as an (inputs,
+    outputs) matrix, the outputs flattened into the last axis."""
+    # The variable itself: the public kernel property works out LoRA and quantized kernels
+    # first, which costs an eager call more than a small matmul.
+    kernel = getattr(layer, "_kernel", None)
+    kernel, bias = layer.kernel if kernel is None else kernel, layer.bias
+    if on_torch():
+        import torch
+
+        y = torch.matmul(x, kernel.value.reshape(x.shape[-1], -1))
+        return y if bias is None else y + bias.value.reshape(-1)
+    y = ops.matmul(x, ops.reshape(kernel, (ops.shape(x)[-1], -1)))
+    return y if bias is None else y + ops.reshape(bias, (-1,))
+
+
+def layer_norm(x, layer):
+    """layer(x) for a LayerNormalization layer over the last axis: computed in at least
+    float32, returned in the layer's compute dtype."""
+    if on_torch():
+        import torch
+
+        if x.dtype.itemsize < 4:  # float16, bfloat16
+            x = x.float()
+        out = torch.nn.functional.layer_norm(x, x.shape[-1:], layer.gamma.value,
+                                             layer.beta.value, layer.epsilon)
+        return ops.cast(out, layer.compute_dtype)
+    return ops.cast(ops.layer_normalization(x, layer.gamma, layer.beta, -1, layer.epsilon),
+                    layer.compute_dtype)

@@ -80,6 +80,12 @@ def no_quantization(layer_class):
     return layer_class
 
 
+def plain_dense(layer) -> bool:
+    """Whether a Dense or EinsumDense layer's call is x times its kernel plus its bias: not
+    once enable_lora or model.quantize has changed it."""
+    return not layer.lora_enabled and not layer.quantization_mode
+
+
 def dropout_if_active(dropout: keras.layers.Dropout, x, training):
     """dropout(x) only where it can drop something: in training, at a rate above 0. A layer
     call that returns its input still costs eager backends a layer call."""
@@ -131,11 +137,26 @@ class PatchEmbedding(keras.layers.Layer):
                                         initializer="zeros")
 
     def call(self, images):
+        self._check_channels(images.shape)
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
         if self.use_bias:
             x = x + self.bias
         _, grid_h, grid_w, _ = ops.shape(x)
         return ops.reshape(x, (-1, grid_h * grid_w, self.hidden_size))
+
+    def _check_channels(self, shape) -> None:
+        """Refuses images whose channels the kernel was not built for, in one line: Keras'
+        model input check lets a single channel through (it squeezes a last axis of 1), and
+        the convolution's own error comes wrapped in stack traces of each enclosing call."""
+        expected = self.kernel.shape[2]
+        if shape[-1] is None or shape[-1] == expected:
+            return
+        error = ValueError(
+            f"expected images with {expected} channels, got {shape[-1]} (images of shape "
+            f"{tuple(shape)}): convert the images (grayscale to RGB: np.repeat(images, 3, "
+            f"axis=-1)) or build the model with channels={shape[-1]}")
+        error._keras_call_info_injected = True  # Keras then adds no argument dump around it
+        raise error
 
     def compute_output_shape(self, input_shape):
         if None in input_shape[1:3]:
@@ -299,7 +320,27 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         for norm in self.qk_norms:
             norm.build((None, None, self.num_heads, head_dim))
 
+    def takes_direct_path(self, training=None, return_attention_scores=False) -> bool:
+        """Whether call() computes the projections from their variables (vit_keras.kernels
+        .dense) instead of through their Keras calls, which cost an eager backend many times
+        the arithmetic of a small model. The general path serves what the direct one cannot:
+        the probabilities, attention dropout in training, qk_norm, and projections that LoRA or
+        quantization changed."""
+        return (not return_attention_scores and not self.qk_norms
+                and not (training and self.dropout_rate)
+                and all(map(plain_dense, (self.query, self.key, self.value, self.out))))
+
+    def direct(self, x):
+        """call(x) on the direct path (takes_direct_path)."""
+        query, key, value = (kernels.dense(x, layer) for layer in (self.query, self.key,
+                                                                    self.value))
+        attended = kernels.multi_head_attention(query, key, value, self.num_heads,
+                                                self.attention_kernel)
+        return kernels.dense(attended, self.out)
+
     def call(self, x, training=None, return_attention_scores=False):
+        if self.takes_direct_path(training, return_attention_scores):
+            return self.direct(x)
         batch, tokens, width = ops.shape(x)
         heads = (batch, tokens, self.num_heads, self.head_dim)
         flat = ops.reshape(x, (-1, width))
@@ -363,7 +404,21 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
         self.dense_0.build((None, input_shape[-1]))
         self.dense_1.build((None, self.mlp_dim))
 
+    def takes_direct_path(self, training=None) -> bool:
+        """Whether call() computes the Dense layers from their variables, as attention's
+        direct path: not with dropout in training, LoRA or quantized kernels."""
+        return (not (training and self.dropout_rate) and plain_dense(self.dense_0)
+                and plain_dense(self.dense_1))
+
+    def direct(self, x):
+        """call(x) on the direct path (takes_direct_path)."""
+        hidden = MLP_ACTIVATIONS[self.activation](kernels.dense(x, self.dense_0),
+                                                  self.approximate_gelu)
+        return kernels.dense(hidden, self.dense_1)
+
     def call(self, x, training=None):
+        if self.takes_direct_path(training):
+            return self.direct(x)
         flat = ops.reshape(x, (-1, ops.shape(x)[-1]))
         flat = MLP_ACTIVATIONS[self.activation](self.dense_0(flat), self.approximate_gelu)
         flat = dropout_if_active(self.dropout, flat, training)
@@ -490,18 +545,28 @@ class TransformerBlock(keras.layers.Layer):
         return self._forward(x, scales, training, return_attention_scores, normed)
 
     def _forward(self, x, scales, training, return_attention_scores=False, normed=None):
+        """The block's equations. Its sublayers run on their direct paths where they can
+        (MultiHeadDotProductAttention.takes_direct_path), the LayerNorms and LayerScales
+        always: a Keras layer call costs an eager backend more than a small block's
+        arithmetic."""
         def residual(branch, index):
             if self.branch_scales:
-                branch = self.branch_scales[index](branch)
+                branch = self.branch_scales[index].call(branch)
             return branch if scales[index] is None else branch * scales[index]
 
-        normed = self.norm_0(x) if normed is None else normed
-        y = self.attention(normed, training=training,
-                           return_attention_scores=return_attention_scores)
+        normed = kernels.layer_norm(x, self.norm_0) if normed is None else normed
+        if self.attention.takes_direct_path(training, return_attention_scores):
+            y = self.attention.direct(normed)
+        else:
+            y = self.attention(normed, training=training,
+                               return_attention_scores=return_attention_scores)
         if return_attention_scores:
             y, scores = y
         x = x + residual(dropout_if_active(self.dropout, y, training), 0)
-        x = x + residual(self.mlp(self.norm_2(x), training=training), 1)
+        normed = kernels.layer_norm(x, self.norm_2)
+        mlp = (self.mlp.direct(normed) if self.mlp.takes_direct_path(training)
+               else self.mlp(normed, training=training))
+        x = x + residual(mlp, 1)
         return (x, scores) if return_attention_scores else x
 
     def compute_output_shape(self, input_shape):

@@ -4,13 +4,16 @@ a small ViT on Fashion-MNIST (offline), evaluated on its test split.
 vit-keras train [--dataset fashion_mnist | --dataset NAME (tfds) | --folder DIR]
                 [--recipe fashion_mnist|pretrain|finetune|scratch] [--epochs N] ...
 
-Rerunning the same command after an interruption resumes from the last finished epoch.
+A run folder (--run-dir) holds one run: the same command after an interruption resumes it
+from the last finished epoch; a finished run, or other arguments, are refused unless
+--overwrite clears the folder's run files first.
 """
 
 import argparse
 import dataclasses
 import json
 import os
+import shutil
 import time
 
 from .common import (
@@ -37,6 +40,13 @@ MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 # Where the data came from, kept in result.json for the apps that read the run later.
 DATA_FLAGS = ("dataset", "folder", "eval_folder", "data_dir", "train_split", "eval_split")
+# What a run writes into its folder (vit_keras.training.callbacks, write_results, apps.pretrain),
+# the arguments it was started with first.
+ARGUMENTS_FILE = "arguments.json"
+RUN_FILES = (ARGUMENTS_FILE, "history.json", "history.csv", "backup", "last.keras", "logs",
+             "model.keras", "backbone.keras", "labels.txt", "result.json")
+# Flags that leave what a run computes unchanged.
+NOT_RUN_ARGUMENTS = ("debug", "verbose", "overwrite", "run_dir")
 
 
 def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentParser:
@@ -72,7 +82,11 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                      help="use only N training images")
     fit.add_argument("--eval-limit", type=positive_int, default=None,
                      help="evaluate on the first N held-out images only")
-    fit.add_argument("--run-dir", default=None, help="default runs/<dataset>")
+    fit.add_argument("--run-dir", default=None,
+                     help="the run's folder, one run a folder (default: runs/<dataset>)")
+    fit.add_argument("--overwrite", action="store_true",
+                     help="clear the run folder's files and start anew, where it holds a "
+                          "finished run or one with other arguments")
     fit.add_argument("--distribution", default="auto", choices=DISTRIBUTIONS,
                      help="auto picks from the devices present (see docs/distribute.md)")
     fit.add_argument("--tpu", help="TPU name or grpc:// address for --distribution tpu")
@@ -120,6 +134,43 @@ def fill_defaults(args) -> None:
     if args.recipe is None:
         plain_main_job = args.dataset == "fashion_mnist" and not args.folder
         args.recipe = "fashion_mnist" if plain_main_job else "scratch"
+
+
+def claim_run_dir(args, run_dir: str) -> None:
+    """Makes run_dir this run's folder: a new one, or this run's unfinished one to resume. A
+    finished run, a run with other arguments and run files of unknown arguments are refused;
+    --overwrite removes the run files first (nothing else in the folder). A folder whose run
+    never got past its arguments (a mistake in them, a crash before training) starts anew."""
+    arguments = json.loads(json.dumps({key: value for key, value in sorted(vars(args).items())
+                                       if key not in NOT_RUN_ARGUMENTS}))
+    present = [name for name in RUN_FILES if os.path.lexists(os.path.join(run_dir, name))]
+    again = "; pass --overwrite to start it anew, or another --run-dir"
+    if args.overwrite or present in ([], [ARGUMENTS_FILE]):
+        for name in present:
+            path = os.path.join(run_dir, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    elif "result.json" in present:
+        raise FileExistsError(f"run folder {run_dir!r} holds a finished run (result.json)"
+                              + again)
+    elif ARGUMENTS_FILE not in present:
+        raise FileExistsError(f"run folder {run_dir!r} holds run files ({', '.join(present)}) "
+                              f"without {ARGUMENTS_FILE}, so no run can resume it" + again)
+    else:
+        with open(os.path.join(run_dir, ARGUMENTS_FILE)) as file:
+            recorded = json.load(file)
+        differ = [f"--{key.replace('_', '-')} {recorded.get(key)!r}, now {arguments.get(key)!r}"
+                  for key in sorted(recorded.keys() | arguments.keys())
+                  if recorded.get(key) != arguments.get(key)]
+        if differ:
+            raise FileExistsError(f"run folder {run_dir!r} holds a run with other arguments "
+                                  f"({'; '.join(differ)})" + again)
+        return  # the same run, resumed
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, ARGUMENTS_FILE), "w") as file:
+        json.dump(arguments, file, indent=1)
 
 
 def recipe_from_arguments(args):
@@ -228,6 +279,7 @@ def run_training(args) -> dict:
     keras.utils.set_random_seed(args.seed)
     recipe = recipe_from_arguments(args)
     run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
+    claim_run_dir(args, run_dir)
     train, evaluation, names = load_sources(args)
     count = count_examples(train)
     num_classes = len(names) or args.num_classes

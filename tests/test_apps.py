@@ -269,7 +269,49 @@ def test_pretrain_keeps_every_patch_unless_patch_dropout_is_asked_for(tmp_path):
     assert training.RECIPES["fashion_mnist"].patch_drop_rate > 0  # what pretrain must undo
     assert pretrain.main(common)["epochs"] == 1
     with pytest.raises(ValueError, match="build it with patch_drop_rate=0"):
-        pretrain.main([*common, "--recipe-option", "patch_drop_rate=0.5"])
+        pretrain.main([*common, "--recipe-option", "patch_drop_rate=0.5", "--overwrite"])
+
+
+def test_a_run_folder_holds_one_run(tmp_path, capsys):
+    import json
+
+    from apps import common, train
+
+    images = write_images(tmp_path / "images", 4, 32, seed=8)
+    run_dir = tmp_path / "run"
+
+    def flags(*more):
+        return [*(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()), "--folder",
+                str(images), "--image-size", "32", "--batch-size", "4", "--recipe", "finetune",
+                "--jit-compile", "false", "--run-dir", str(run_dir), *more]
+
+    # A finished 2-epoch run of these flags, as apps.train leaves it (training it would only
+    # cost time): its arguments recorded the way apps.train records them, its files.
+    earlier = train.build_parser().parse_args(flags("--epochs", "2"))
+    train.fill_defaults(earlier)
+    train.claim_run_dir(earlier, str(run_dir))
+    (run_dir / "history.csv").write_text("epoch,loss\n0,0.7\n1,0.6\n")
+    (run_dir / "result.json").write_text(json.dumps({"epochs": 2}))
+    (run_dir / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as stopped:  # the same command again: the run is finished
+        common.run(train.main, flags("--epochs", "2"))
+    printed = capsys.readouterr().err
+    assert stopped.value.code == 2 and printed.count("\n") == 1, printed
+    assert printed.startswith(f"error: run folder {str(run_dir)!r} holds a finished run "
+                              "(result.json); pass --overwrite to start it anew")
+    (run_dir / "result.json").unlink()  # as an interrupted run leaves it
+    with pytest.raises(FileExistsError, match=r"holds a run with other arguments \(--epochs 2, "
+                                              r"now 1; --num-layers 2, now 1\); pass --overwrite"):
+        train.main(flags("--epochs", "1", "--num-layers", "1"))
+    result = train.main(flags("--epochs", "1", "--num-layers", "1", "--overwrite"))
+    assert result["epochs"] == 1
+    assert json.loads((run_dir / "result.json").read_text())["epochs"] == 1
+    rows = (run_dir / "history.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[0] for row in rows] == ["0"]  # the new run's epoch only
+    assert json.loads((run_dir / "arguments.json").read_text())["num_layers"] == 1
+    model = keras.saving.load_model(run_dir / "model.keras", safe_mode=True)
+    assert sum(layer.name.startswith("Transformer_encoderblock_") for layer in model.layers) == 1
+    assert (run_dir / "notes.txt").read_text() == "mine"  # not a run file: left alone
 
 
 def test_committed_main_job_model_loads_after_importing_vit_keras_alone():

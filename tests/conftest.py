@@ -17,6 +17,12 @@ import pytest  # noqa: E402
 
 pytest_plugins = ["pytester", "tests.budget"]
 
+# For tests whose outcome cannot depend on the Keras backend (file formats, argument parsing,
+# tf.data pipelines, TensorFlow-only export, text checks): run once, in the TensorFlow pass.
+backend_independent = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow",
+    reason="backend-independent: checked once, in the suite's TensorFlow pass")
+
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 
 

@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 import vit_keras as vk
-from tests.conftest import TINY
+from tests.conftest import TINY, backend_independent
 from vit_keras import data
 
 
@@ -32,6 +32,7 @@ def test_tfds_mock_data_feeds_fit():
     assert tuple(images.shape) == (8, 32, 32, 3) and tuple(labels.shape) == (8, 10)
 
 
+@backend_independent
 def test_numpy_source_and_preprocessing_range_and_shape():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (12, 20, 24, 1), dtype=np.uint8)
@@ -55,6 +56,7 @@ def test_numpy_source_and_preprocessing_range_and_shape():
     fit_one_epoch(train, num_classes=3)
 
 
+@backend_independent
 @pytest.mark.parametrize("mix", [{"mixup_alpha": 0.8}, {"cutmix_alpha": 1.0},
                                  {"augment": (keras.layers.RandAugment(value_range=(0, 255)),)}])
 def test_mixing_and_augmentation_layers_keep_labels_distributions(mix):
@@ -89,6 +91,7 @@ def test_image_folder_feeds_fit(tmp_path):
                                      training=True), num_classes=2)
 
 
+@backend_independent
 def test_corrupt_image_is_skipped_and_named_or_raises(tmp_path):
     write_folder(tmp_path, corrupt=True)
     with pytest.warns(UserWarning, match=r"skipped 1 unreadable image file\(s\): .*broken.jpg"):
@@ -105,6 +108,7 @@ def write_idx(path, array):
         file.write(header + array.astype(np.uint8).tobytes())
 
 
+@backend_independent
 def test_fashion_mnist_from_idx_files_and_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(data, "FASHION_MNIST_DIRS", ())
     images = np.random.default_rng(3).integers(0, 256, (5, 28, 28), dtype=np.uint8)

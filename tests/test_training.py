@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import vit_keras as vk
-from tests.conftest import TINY, images, randomize
+from tests.conftest import TINY, backend_independent, images, randomize
 from vit_keras import training
 
 ROOT = Path(__file__).parents[1]
@@ -112,6 +112,7 @@ def test_compile_keeps_keras_jit_default_unless_asked(policy):
         assert chosen.jit_compile is True
 
 
+@backend_independent
 def test_no_library_module_reads_the_host():
     """No default may depend on the CPU model or its flags: nothing in the package reads
     them."""
@@ -122,6 +123,7 @@ def test_no_library_module_reads_the_host():
             assert word not in text, (path, word)
 
 
+@backend_independent
 def test_pipeline_options_carry_the_recipe_augmentation():
     options = training.pipeline_options(training.RECIPES["scratch"])
     assert options["crop"] == "inception" and options["flip"]
@@ -131,6 +133,7 @@ def test_pipeline_options_carry_the_recipe_augmentation():
     assert training.pipeline_options(training.RECIPES["finetune"])["augment"] == ()
 
 
+@backend_independent
 def test_history_file_keeps_one_row_per_epoch(tmp_path):
     history = training.HistoryFile(str(tmp_path / "history.json"))
     for epoch, loss in [(0, 2.0), (1, 1.5), (1, 1.4), (2, 1.0)]:  # epoch 1 ran twice
@@ -204,6 +207,7 @@ def test_end_to_end_on_real_fashion_mnist(tmp_path):
     assert keras.ops.convert_to_numpy(loaded(images(1, 28, 28))).shape == (1, 10)
 
 
+@backend_independent
 def test_recipe_options_change_one_field_and_unknown_ones_are_refused():
     recipe = training.with_options(training.RECIPES["fashion_mnist"],
                                    ["label_smoothing=0.1", "flip=False", "crop=pad2",
@@ -232,6 +236,7 @@ def test_seed_makes_a_run_repeatable(tmp_path):
     assert first_loss(4, "c") != first_loss(3, "a")
 
 
+@backend_independent
 @pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
 def test_the_main_job_evaluates_at_the_end_unless_eval_every_asks_for_more(tmp_path):
     from apps import train

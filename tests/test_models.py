@@ -488,3 +488,21 @@ def test_images_with_other_channels_than_the_model_are_one_line_naming_both():
         assert "\n" not in message and "build the model with channels=1" in message
     one_channel = vk.vit(TINY, image_size=32, num_classes=3, channels=1)
     assert one_channel(gray).shape == (2, 3)
+
+
+def test_include_preprocessing_takes_raw_pixels_as_vk_preprocess_scales_them(tmp_path):
+    from vit_keras.export.serving import serving_model
+
+    model = randomize(vk.vit(TINY, image_size=32, num_classes=3, include_preprocessing=True))
+    plain = vk.vit(TINY, image_size=32, num_classes=3)
+    plain.set_weights(model.get_weights())
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype="uint8")
+    expected = keras.ops.convert_to_numpy(plain(vk.preprocess(pixels)))
+    for raw in (pixels, pixels.astype("float32")):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(model(raw)), expected, atol=1e-6)
+    model.save(tmp_path / "raw.keras")
+    loaded = keras.saving.load_model(tmp_path / "raw.keras", safe_mode=True)
+    np.testing.assert_allclose(loaded.predict(pixels, verbose=0), expected, atol=1e-6)
+    # The uint8 serving function of the exports and vit-keras predict scales only once.
+    served = serving_model(loaded)(pixels)["logits"]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(served), expected, atol=1e-6)

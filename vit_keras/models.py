@@ -21,6 +21,7 @@ from vit_keras.layers import (
     layer_norm,
 )
 from vit_keras.position_embeddings import AddPositionEmbedding, check_position_embedding
+from vit_keras.preprocessing import MODEL_LAYER, unit_range
 from vit_keras.resnet import resnet_stem
 from vit_keras.weights import load_weights
 
@@ -57,6 +58,7 @@ def vit(
     head_bias_init: float = 0.0,
     channels: int = 3,
     dynamic_image_size: bool = False,
+    include_preprocessing: bool = False,
     name: str | None = None,
 ) -> keras.Model:
     """Builds a Vision Transformer.
@@ -82,6 +84,11 @@ def vit(
     size (a hybrid's cell), fitting the position embeddings to each image's grid inside the
     model (AddPositionEmbedding); image_size is then the size they are learned at, and the
     outputs at that size are the fixed-size model's (docs/features.md).
+    include_preprocessing: the model takes raw pixels, uint8 or float in [0, 255], and
+    scales them to [-1, 1] itself, as vk.preprocess does (a float32 Rescaling layer named
+    "preprocessing" before the patch embedding). The name is Keras Applications' option for
+    the same thing; keras-hub's image models do it in their preprocessor. Off by default: the
+    official input is [-1, 1], which the data pipelines, apps and exports supply.
 
     The options of the weight families after the paper (docs/weights.md), each off by
     default, named as timm names them:
@@ -110,9 +117,11 @@ def vit(
     height, width = as_pair(image_size, "image_size")
     shape = (None, None) if dynamic_image_size else (height, width)
     inputs = keras.Input((*shape, channels), name="images")
+    images = (unit_range(MODEL_LAYER, dtype="float32")(inputs) if include_preprocessing
+              else inputs)
     tokens = TokenLayout(class_token, distilled, num_register_tokens, pre_norm,
                          layer_norm_epsilon)
-    x = _embed(inputs, (height, width), dynamic_image_size, config, posemb, tokens)
+    x = _embed(images, (height, width), dynamic_image_size, config, posemb, tokens)
     if patch_drop_rate:
         x = PatchDropout(patch_drop_rate, tokens.num_prefix, name="patch_dropout")(x)
     x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)

@@ -6,7 +6,7 @@ import keras
 
 from vit_keras import configs
 from vit_keras.intermediates import built_image_size
-from vit_keras.preprocessing import unit_range
+from vit_keras.preprocessing import takes_raw_images, unit_range
 
 
 def serving_model(model: keras.Model, fold_class_token: bool = False,
@@ -21,7 +21,7 @@ def serving_model(model: keras.Model, fold_class_token: bool = False,
     shape = model.input.shape[1:] if image_size is None else (*image_size,
                                                                model.input.shape[-1])
     images = keras.Input(shape, dtype="uint8", name="images")
-    scaled = unit_range(name="to_unit_range")(images)
+    scaled = images if takes_raw_images(model) else unit_range(name="to_unit_range")(images)
     if fold_class_token and ClassTokenFolded.applies_to(model, shape[:2]):
         model = ClassTokenFolded(model)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits")(model(scaled))

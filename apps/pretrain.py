@@ -65,7 +65,7 @@ def main(argv=None):
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
     num_classes = len(names) or args.num_classes
     backbone = train.build_model(args, recipe, num_classes, distribution)
-    with distribution.scope:
+    with distribution.scope():
         model = masked.masked_patch_model(backbone, args.target, args.color_channels)
     batches, _ = train.pipelines(args, recipe, images, None, num_classes)
     batches = masked.masked_patch_pipeline(batches, model_config(args).patch_size, args.target,

@@ -226,7 +226,7 @@ def build_model(args, recipe, num_classes, distribution):
     import vit_keras as vk
     from vit_keras.weights import load_weights
 
-    with distribution.scope:
+    with distribution.scope():
         model = model_from_arguments(args, num_classes=num_classes,
                                      dropout_rate=recipe.dropout_rate,
                                      stochastic_depth_rate=recipe.stochastic_depth_rate,

@@ -45,7 +45,7 @@ def train(distribution, workaround=True, shard=None):
         batch //= count
         x, y = (a.reshape(4, count, batch, *a.shape[1:])[:, index].reshape(-1, *a.shape[1:])
                 for a in (x, y))
-    with distribution.scope:
+    with distribution.scope():
         model = vk.vit(TINY, image_size=32, num_classes=3)
         model.set_weights([np.random.default_rng(i).normal(0, 0.1, w.shape).astype("float32")
                            for i, w in enumerate(model.get_weights())])

@@ -146,6 +146,15 @@ def test_choose_names_what_each_backend_supports():
         distribute.choose(wrong)
 
 
+def test_scope_is_called_as_a_strategys_is():
+    # A property before: `with distribution.scope():` raised "'nullcontext' object is not
+    # callable".
+    distribution = distribute.choose("none")
+    for _ in range(2):  # a fresh context each time
+        with distribution.scope():
+            pass
+
+
 @tensorflow_only
 def test_a_strategy_scope_can_be_entered_for_building_and_again_for_training():
     """apps.train builds the model in the distribution's scope and training.train compiles in
@@ -154,5 +163,5 @@ def test_a_strategy_scope_can_be_entered_for_building_and_again_for_training():
 
     distribution = distribute.choose("mirrored")
     for _ in range(2):
-        with distribution.scope:
+        with distribution.scope():
             assert tf.distribute.get_strategy() is distribution.strategy

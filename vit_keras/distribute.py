@@ -1,10 +1,11 @@
 """Picks the distribution for the backend and hardware, using what TensorFlow and Keras
 provide (no distribution layer of our own).
 
-TensorFlow: TPUStrategy, MirroredStrategy, MultiWorkerMirroredStrategy (enter `.scope` around
-building and compiling the model). JAX: keras.distribution DataParallel over every device
-(multi-host after jax.distributed.initialize) or ModelParallel, which shards the attention
-heads and the MLP's hidden units over a "model" axis. PyTorch: one process only.
+TensorFlow: TPUStrategy, MirroredStrategy, MultiWorkerMirroredStrategy (enter `.scope()`
+around building and compiling the model, as a strategy's). JAX: keras.distribution
+DataParallel over every device (multi-host after jax.distributed.initialize) or
+ModelParallel, which shards the attention heads and the MLP's hidden units over a "model"
+axis. PyTorch: one process only.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ class Distribution:
     num_replicas: int  # the global batch is split over these
     strategy: object = None  # the tf.distribute strategy, or the keras.distribution object
 
-    @property
     def scope(self) -> contextlib.AbstractContextManager:
-        """A fresh context to build and compile the model in, each time it is asked for (a
-        strategy's scope object can be entered once): the TensorFlow strategy's scope; none
-        for JAX, whose distribution is set globally, and for one device."""
+        """A fresh context to build and compile the model in, each time it is called (a
+        strategy's scope object can be entered once), used as a strategy's: `with
+        distribution.scope():`. The TensorFlow strategy's scope; none for JAX, whose
+        distribution is set globally, and for one device."""
         if self.kind in TENSORFLOW_KINDS:
             return self.strategy.scope()
         return contextlib.nullcontext()

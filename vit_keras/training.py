@@ -231,7 +231,7 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
     compile: compile_model's signature; another objective's (vit_keras.masked) for models
     that are not classifiers."""
     distribution = distribution or distribute.choose("none")
-    with distribution.scope:
+    with distribution.scope():
         compile(model, recipe, epochs * steps_per_epoch, learning_rate,
                 jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     distribute.prepare_model(model, distribution)

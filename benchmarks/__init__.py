@@ -8,6 +8,10 @@ import json
 # The tiny model of every --smoke run: checks that a benchmark runs, measures nothing.
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 SMOKE_IMAGE_SIZE = 32
+# The host-overhead model: B/16's depth at a tiny width, where a step's time is nearly all
+# framework overhead (python -m benchmarks.bench --variants overhead).
+OVERHEAD_MODEL = dict(hidden_size=64, num_layers=12, num_heads=4, mlp_dim=128, patch_size=16)
+OVERHEAD_IMAGE_SIZE = 32
 # --jit-compile's values: model.compile's jit_compile ("auto" leaves the choice to Keras).
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 

@@ -5,11 +5,14 @@ utilisation against the matmul peak measured here, and the main job's input pipe
 python -m benchmarks.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfloat16]
                            [--batch 32 ...] [--peers timm keras-hub] [--jit-compile auto true]
                            [--json bench.json] [--smoke] [--memory]
+                           [--device cpu|cuda|gpu] [--threads N] [--skip-latency]
 
 Run it once per backend (KERAS_BACKEND=...); peers that are not installed are reported as
 unavailable. Medians over --repeats timed samples after --warmup untimed calls, the
 implementations taking turns sample by sample; a sample repeats a fast call for --min-sample
 seconds. --memory measures peak memory instead, each implementation in a process of its own.
+On an accelerator (--device, by default the backend's), inputs and timm sit on the device, each
+call waits for it, the matmul peak is measured there, and the device's peak memory is recorded.
 """
 
 # torch and timm (which loads torch._dynamo) before TensorFlow, or the process segfaults.
@@ -26,9 +29,11 @@ import json  # noqa: E402
 import keras  # noqa: E402
 
 from benchmarks import JIT_COMPILE, write_json  # noqa: E402
+from benchmarks.device import ACCELERATORS, check_device, device_name  # noqa: E402
 from benchmarks.machine import describe_machine  # noqa: E402
 from benchmarks.memory import measure_memory, memory_child  # noqa: E402
 from benchmarks.runners import (  # noqa: E402
+    TRAIN_FLOPS_PER_FORWARD,
     forward_flops,
     model_spec,
     peers_available,
@@ -40,8 +45,11 @@ from benchmarks.tables import (  # noqa: E402
     markdown,
     matmul_key,
     memory_markdown,
+    result_matmul_key,
+    run_peaks,
 )
 from benchmarks.timing import (  # noqa: E402
+    device_peaks,
     matmul_peak,
     measure_in_turns,
     pipeline_throughput,
@@ -69,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "keras-hub instead of the official checkpoints' tanh GELU")
     parser.add_argument("--skip-training", action="store_true",
                         help="inference only (for large models and resolutions)")
+    parser.add_argument("--skip-latency", action="store_true",
+                        help="no batch-1 latency (a compiled model would compile for it again)")
+    parser.add_argument("--device",
+                        help="the device to measure on, which must be the backend's (cpu, cuda "
+                             "on PyTorch, gpu or tpu); default: the backend's")
+    parser.add_argument("--threads", type=int,
+                        help="CPU threads for torch (ours on PyTorch, timm) and TensorFlow; "
+                             "default: the frameworks' own")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--min-sample", type=float, default=0.5,
@@ -90,8 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 def measure_speed(args, peers) -> dict:
     """The matmul peaks, the input pipeline and every implementation's rates."""
     backend = keras.backend.backend()
-    sizes = (128, 256) if args.smoke else (1024, 2048, 3072)
+    device = check_device(args.device)
+    sizes = ((128, 256) if args.smoke else (4096, 8192) if device in ACCELERATORS
+             else (1024, 2048, 3072))
     report = {"machine": describe_machine(), "backend": backend, "peers": peers,
+              "device": {"kind": device, "name": device_name()}, "threads": args.threads,
               "matmul_gflops": {}, "matmul_size": {}, "results": []}
     frameworks = ["keras"] + (["torch"] if peers.get("timm") is True else [])
     for precision in args.precisions:
@@ -112,9 +131,11 @@ def measure_speed(args, peers) -> dict:
                 for framework in frameworks:
                     size = report["matmul_size"][matmul_key(backend, framework, precision)]
                     matmuls[framework] = (square_matmul(framework, precision, size), 2 * size**3)
+                memory = device_peaks(runners, train=not args.skip_training)
                 measured, peaks = measure_in_turns(runners, batch, args.repeats, args.warmup,
                                                    train=not args.skip_training, matmuls=matmuls,
-                                                   min_sample_s=args.min_sample)
+                                                   min_sample_s=args.min_sample,
+                                                   latency=not args.skip_latency)
                 del runners, matmuls
                 keras.backend.clear_session()
                 for name, result in measured.items():
@@ -122,15 +143,52 @@ def measure_speed(args, peers) -> dict:
                                   batch=batch, precision=precision,
                                   gflops_per_image=flops / 1e9,
                                   infer_gflops_s=result["infer_images_s"] * flops / 1e9,
-                                  matmul_gflops_s=peaks[framework_of(name)])
+                                  train_gflops_s=train_gflops_s(result, flops),
+                                  matmul_gflops_s=peaks[framework_of(name)],
+                                  device_peak_mib=memory[name])
                     report["results"].append(result)
                     print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
                           f"{name:>12}: infer {result['infer_images_s']:8.1f} img/s, latency "
-                          f"{result['latency_ms']:7.1f} ms, train "
+                          f"{result['latency_ms'] or 0:7.1f} ms, train "
                           f"{format_rate(result['train_images_s'])} img/s, inference "
                           f"{result['infer_gflops_s']:.0f} GFLOP/s beside a matmul's "
                           f"{result['matmul_gflops_s']:.0f}", flush=True)
+    for result in report["results"]:
+        result.update(shares_of_peak(report, result))
     return report
+
+
+def train_gflops_s(result: dict, flops: float) -> float | None:
+    """A training step's GFLOP/s: TRAIN_FLOPS_PER_FORWARD forward passes' FLOPs per image."""
+    if result["train_images_s"] is None:
+        return None
+    return result["train_images_s"] * TRAIN_FLOPS_PER_FORWARD * flops / 1e9
+
+
+def shares_of_peak(report: dict, result: dict) -> dict:
+    """Inference's and training's GFLOP/s over the run's matmul peak for the result's
+    framework and precision."""
+    peak = run_peaks(report)[result_matmul_key(report, result)]
+    train = result["train_gflops_s"]
+    return {"infer_share_of_peak": result["infer_gflops_s"] / peak,
+            "train_share_of_peak": None if train is None else train / peak}
+
+
+def set_threads(threads: int | None) -> None:
+    """Limits torch (ours on PyTorch, timm) and TensorFlow to `threads` CPU threads."""
+    if not threads:
+        return
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:  # neither the torch backend nor timm
+        pass
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
 
 
 def main(argv=None):
@@ -153,6 +211,7 @@ def main(argv=None):
         args.variants, args.repeats, args.warmup, args.min_sample = ["smoke"], 1, 1, 0.01
     args.batch = args.batch or ([2] if args.smoke else [32])
     peers = peers_available(args.peers)
+    set_threads(args.threads)
     if args.memory:
         report = {"machine": describe_machine(), "backend": keras.backend.backend(),
                   "peers": peers, "memory": measure_memory(args, peers)}

@@ -15,7 +15,7 @@ import sys
 
 from apps.variants import pretrained_table, variant_table
 from benchmarks.machine import machine_line, machines_sentence
-from benchmarks.tables import markdown, memory_markdown, table
+from benchmarks.tables import markdown, memory_markdown, overhead_markdown, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
@@ -171,6 +171,11 @@ def bench_memory_block() -> str:
     return memory_markdown(reports) + "\n\n" + machines_sentence(reports)
 
 
+def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str:
+    reports = _reports(folder)
+    return overhead_markdown(reports) + f"\n\n{machines_sentence(reports)}"
+
+
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "readmemainjob": readme_mainjob_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
@@ -180,7 +185,10 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
           "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),
-          "benchavx2": lambda: bench_block(os.path.join("bench", "avx2"))}
+          "benchavx2": lambda: bench_block(os.path.join("bench", "avx2")),
+          "benchoverhead": bench_overhead_block,
+          "benchoverheadbefore": lambda: bench_overhead_block(
+              os.path.join("bench", "overhead", "before"))}
 
 
 def render(text: str, where: str = "the text") -> str:

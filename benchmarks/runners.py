@@ -8,21 +8,35 @@ import numpy as np
 
 import vit_keras as vk
 from apps.train import MAIN_JOB_MODEL
-from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL
+from benchmarks import (
+    JIT_COMPILE,
+    OVERHEAD_IMAGE_SIZE,
+    OVERHEAD_MODEL,
+    SMOKE_IMAGE_SIZE,
+    SMOKE_MODEL,
+)
+from benchmarks.device import on_device, synchronize, torch_device
 
 OURS = "vit_keras"
 
 
 def model_spec(name: str, image_size: int) -> tuple[vk.ViTConfig, int]:
     """The config and image size of a variant name, "main" (the main job's model, at its image
-    size) or "smoke" (a tiny model at 32 px)."""
+    size), "smoke" (a tiny model at 32 px) or "overhead" (B/16's depth, tiny width, 32 px)."""
     if name == "main":
         shape = {k: MAIN_JOB_MODEL[k] for k in
                  ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")}
         return vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"]
     if name == "smoke":
         return vk.ViTConfig(**SMOKE_MODEL), SMOKE_IMAGE_SIZE
+    if name == "overhead":
+        return vk.ViTConfig(**OVERHEAD_MODEL), OVERHEAD_IMAGE_SIZE
     return vk.get_config(name), image_size
+
+
+# A training step's FLOPs per forward FLOP: the backward pass computes two products (the
+# inputs' and the weights' gradients) per product of the forward.
+TRAIN_FLOPS_PER_FORWARD = 3
 
 
 def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000) -> float:
@@ -36,7 +50,8 @@ def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000
 
 def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dict:
     """A Keras classifier made by build() under the precision's dtype policy, compiled with
-    jit_compile, and its calls."""
+    jit_compile, and its calls, on inputs already on the backend's device. Its calls return
+    NumPy values, so each waits for the device."""
     keras.config.set_dtype_policy("mixed_bfloat16" if precision == "bfloat16" else "float32")
     try:
         model = build()
@@ -47,10 +62,11 @@ def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dic
         keras.config.set_dtype_policy("float32")
     x = np.random.default_rng(0).uniform(-1, 1, (batch, image_size, image_size, 3))
     x = x.astype("float32")
-    y = np.eye(1000, dtype="float32")[np.arange(batch) % 1000]
+    first, x = on_device(x[:1]), on_device(x)
+    y = on_device(np.eye(1000, dtype="float32")[np.arange(batch) % 1000])
     return {"params": model.count_params(), "jit_compile": model.jit_compile,
             "infer": lambda: model.predict_on_batch(x),
-            "latency": lambda: model.predict_on_batch(x[:1]),
+            "latency": lambda: model.predict_on_batch(first),
             "train": lambda: model.train_on_batch(x, y)}
 
 
@@ -62,25 +78,28 @@ def ours_runner(config, image_size, precision, batch, jit_compile="auto", approx
                         image_size, precision, batch, jit_compile)
 
 
-def timm_runner(config, image_size, precision, batch, compiled=False) -> dict:
-    """timm eager, or under torch.compile; bfloat16 through torch.autocast."""
+def timm_runner(config, image_size, precision, batch, compiled=False, device="cpu") -> dict:
+    """timm eager, or under torch.compile; bfloat16 through torch.autocast. The model and
+    inputs on `device` (torch's name), each call waiting for it."""
     import torch
     from timm.models.vision_transformer import VisionTransformer
 
     model = VisionTransformer(
         img_size=image_size, patch_size=config.patch_size, embed_dim=config.hidden_size,
         depth=config.num_layers, num_heads=config.num_heads,
-        mlp_ratio=config.mlp_dim / config.hidden_size, num_classes=1000)
-    x = torch.randn(batch, 3, image_size, image_size)
-    y = torch.arange(batch) % 1000
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bfloat16" \
-        else (lambda: torch.autocast("cpu", enabled=False))
+        mlp_ratio=config.mlp_dim / config.hidden_size, num_classes=1000).to(device)
+    x = torch.randn(batch, 3, image_size, image_size, device=device)
+    y = torch.arange(batch, device=device) % 1000
+    kind = torch.device(device).type
+    autocast = (lambda: torch.autocast(kind, dtype=torch.bfloat16)) if precision == "bfloat16" \
+        else (lambda: torch.autocast(kind, enabled=False))
     step_model = torch.compile(model) if compiled else model
     optimizer = torch.optim.Adam(model.parameters(), 1e-4)
 
     def infer(images):
         with torch.no_grad(), autocast():
             step_model.eval()(images)
+        synchronize(device)
 
     def train_step():
         with autocast():
@@ -88,6 +107,7 @@ def timm_runner(config, image_size, precision, batch, compiled=False) -> dict:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        synchronize(device)
 
     return {"params": sum(p.numel() for p in model.parameters()), "jit_compile": compiled,
             "infer": lambda: infer(x), "latency": lambda: infer(x[:1]), "train": train_step}
@@ -127,10 +147,11 @@ def runner_factories(config, image_size, precision, batch, peers, jit_compile=("
             config, image_size, precision, batch, JIT_COMPILE[jit_compile[0]],
             approximate_gelu=False)
     if peers.get("timm") is True:
-        make["timm"] = lambda: timm_runner(config, image_size, precision, batch)
+        device = torch_device()
+        make["timm"] = lambda: timm_runner(config, image_size, precision, batch, device=device)
         if torch_compile:
             make["timm-compile"] = lambda: timm_runner(config, image_size, precision, batch,
-                                                       compiled=True)
+                                                       compiled=True, device=device)
     if peers.get("keras-hub") is True:
         make["keras-hub"] = lambda: keras_hub_runner(config, image_size, precision, batch)
     return make

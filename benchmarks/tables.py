@@ -41,6 +41,10 @@ def format_rate(value) -> str:
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
 
+def format_ms(value) -> str:
+    return "not run" if value is None else f"{value:.1f}"
+
+
 def format_mib(value) -> str:
     return "not run" if value is None else f"{value:,.0f}"
 
@@ -61,7 +65,7 @@ def markdown(reports: list[dict], footer: bool = True) -> str:
     divides by, input pipeline rates and machines)."""
     rows = [[report["backend"], r["variant"], r["image_size"], r["batch"], r["precision"],
              r["implementation"], format_jit(r["jit_compile"]), format_rate(r["infer_images_s"]),
-             f"{r['latency_ms']:.1f}", format_rate(r["train_images_s"]),
+             format_ms(r["latency_ms"]), format_rate(r["train_images_s"]),
              f"{r['gflops_per_image']:.2f}", f"{utilisation(report, r):.0%}"]
             for report in reports for r in report["results"]]
     text = table(["backend", "variant", "px", "batch", "precision", "implementation",
@@ -88,3 +92,22 @@ def memory_markdown(reports: list[dict]) -> str:
     return table(["backend", "variant", "px", "batch", "precision", "implementation",
                   "jit_compile", "weights MiB", "inference peak MiB", "training peak MiB",
                   "second training step MiB"], rows)
+
+
+def overhead_markdown(reports: list[dict]) -> str:
+    """Milliseconds per forward pass (inference, no gradients) and per training step of each
+    implementation, and their ratio to timm's, eager rows against timm eager and compiled ones
+    (jit_compile true) against timm under torch.compile, where the report has it."""
+    rows = []
+    for report in reports:
+        ms = {r["implementation"]: (1000 * r["batch"] / r["infer_images_s"],
+                                    1000 * r["batch"] / r["train_images_s"])
+              for r in report["results"]}
+        for r in report["results"]:
+            peer = "timm-compile" if r["jit_compile"] is True and "timm-compile" in ms else "timm"
+            forward, train = ms[r["implementation"]]
+            rows.append([report["backend"], r["implementation"], format_jit(r["jit_compile"]),
+                         f"{forward:.1f}", f"{forward / ms[peer][0]:.2f}x {peer}",
+                         f"{train:.1f}", f"{train / ms[peer][1]:.2f}x {peer}"])
+    return table(["backend", "implementation", "jit_compile", "forward ms", "forward vs timm",
+                  "train step ms", "train step vs timm"], rows)

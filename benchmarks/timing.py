@@ -8,6 +8,8 @@ import time
 import keras
 import numpy as np
 
+from benchmarks.device import peak_memory_mib, reset_peak_memory, synchronize, torch_device
+
 
 def timed(call) -> float:
     started = time.perf_counter()
@@ -40,13 +42,27 @@ def timed_in_turns(calls: dict, repeats: int, warmup: int, min_sample_s: float =
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
+def device_peaks(runners: dict, train: bool) -> dict:
+    """Per runner, the device's peak memory in MiB over one inference call and (train) one
+    training step, runner by runner; None where the device reports none (a CPU)."""
+    peaks = {}
+    for name, runner in runners.items():
+        framework = "torch" if name.startswith("timm") else "keras"
+        reset_peak_memory(framework)
+        runner["infer"]()
+        if train:
+            runner["train"]()
+        peaks[name] = peak_memory_mib(framework)
+    return peaks
+
+
 def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=None,
-                     min_sample_s=0.0):
-    """Inference, batch-1 latency and (train) training rates of every runner, in turns; and the
-    GFLOP/s of each square matmul in matmuls ({framework: (call, flop)}), timed in the
-    inference turns so that utilisation divides rates measured side by side."""
+                     min_sample_s=0.0, latency=True):
+    """Inference, batch-1 latency (latency) and (train) training rates of every runner, in
+    turns; and the GFLOP/s of each square matmul in matmuls ({framework: (call, flop)}), timed
+    in the inference turns so that utilisation divides rates measured side by side."""
     matmuls = matmuls or {}
-    kinds = ["infer", "latency"] + (["train"] if train else [])
+    kinds = ["infer"] + (["latency"] if latency else []) + (["train"] if train else [])
     seconds = {}
     for kind in kinds:
         calls = {name: r[kind] for name, r in runners.items()}
@@ -55,7 +71,7 @@ def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=
         seconds[kind] = timed_in_turns(calls, repeats, warmup, min_sample_s)
     results = {name: {"params": r["params"], "jit_compile": r["jit_compile"],
                       "infer_images_s": batch / seconds["infer"][name],
-                      "latency_ms": seconds["latency"][name] * 1000,
+                      "latency_ms": seconds["latency"][name] * 1000 if latency else None,
                       "train_images_s": batch / seconds["train"][name] if train else None}
                for name, r in runners.items()}
     peaks = {framework: flop / seconds["infer"][f"matmul-{framework}"] / 1e9
@@ -65,15 +81,21 @@ def measure_in_turns(runners: dict, batch, repeats, warmup, train=True, matmuls=
 
 def square_matmul(framework: str, precision: str, size: int):
     """A call that multiplies two size x size matrices and waits for the product: Keras' on its
-    backend, or torch's."""
+    backend's device, or torch's on the device the torch peers use."""
     if framework == "keras":
         a = keras.ops.ones((size, size), dtype=precision)
         return lambda: keras.ops.convert_to_numpy(
             keras.ops.cast(keras.ops.matmul(a, a)[0, 0], "float32"))
     import torch
 
-    a = torch.ones(size, size, dtype=getattr(torch, precision))
-    return lambda: a @ a
+    device = torch_device()
+    a = torch.ones(size, size, dtype=getattr(torch, precision), device=device)
+
+    def multiply():
+        a @ a
+        synchronize(device)
+
+    return multiply
 
 
 def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> tuple[float, int]:

@@ -8,6 +8,7 @@ import keras
 import pytest
 
 from benchmarks import SMOKE_MODEL
+from tests.conftest import backend_independent
 
 ROOT = Path(__file__).parents[1]
 
@@ -117,6 +118,7 @@ def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
     assert "| smoke | 32 | 2 | float32 | timm | false | 0 |" in tables.memory_markdown(table)
 
 
+@backend_independent
 def test_bench_times_implementations_in_turns_with_a_rotating_first():
     from benchmarks import timing
 
@@ -127,6 +129,7 @@ def test_bench_times_implementations_in_turns_with_a_rotating_first():
     assert set(medians) == set("abc") and all(s >= 0 for s in medians.values())
 
 
+@backend_independent
 def test_bench_repeats_a_fast_call_within_a_sample_and_reports_seconds_per_call():
     import time
 
@@ -152,6 +155,7 @@ def test_bench_repeats_a_fast_call_within_a_sample_and_reports_seconds_per_call(
     assert 0.004 <= medians["fast"] < 0.012 and 0.05 <= medians["slow"] < 0.1
 
 
+@backend_independent
 def test_bench_matmul_peak_chooses_the_size_by_its_median_not_one_fast_call(monkeypatch):
     import time
 
@@ -189,6 +193,7 @@ def test_bench_times_the_matmul_peak_in_the_inference_turns():
     assert set(measured) == {"a", "b"}
 
 
+@backend_independent
 def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
     from benchmarks import tables
 
@@ -218,6 +223,7 @@ def test_bench_utilisation_divides_by_the_highest_matmul_rate_of_the_run():
     assert "keras-jax-float32 120; torch-float32 90" in table
 
 
+@backend_independent
 def test_machines_sentence_says_which_backends_each_machine_measured():
     from benchmarks import machine
 
@@ -233,6 +239,7 @@ def test_machines_sentence_says_which_backends_each_machine_measured():
         f"Machines: jax on {line.format('A')}; tensorflow, torch on {line.format('B')}.")
 
 
+@backend_independent
 def test_machine_description_reads_the_cpu_flags():
     from benchmarks import machine
 
@@ -303,6 +310,7 @@ def test_bench_skip_training_measures_inference_only():
     assert "| not run |" in tables.markdown([report])
 
 
+@backend_independent
 def test_flop_count_matches_timm_figure():
     import vit_keras as vk
     from benchmarks import runners
@@ -312,6 +320,7 @@ def test_flop_count_matches_timm_figure():
     assert abs(runners.forward_flops(vk.get_config("B/16"), 384) / 2e9 - 55.5) < 0.3
 
 
+@backend_independent
 def test_generated_blocks_in_docs_are_current():
     """Tables in docs/*.md come from the code and docs/**/*.json: `python -m
     benchmarks.render --write` regenerates them."""
@@ -328,6 +337,7 @@ def test_generated_blocks_in_docs_are_current():
             "readmemainjob"} <= found
 
 
+@backend_independent
 def test_every_block_renders_and_an_unknown_block_fails_loudly():
     from benchmarks import render
 
@@ -342,6 +352,7 @@ def test_every_block_renders_and_an_unknown_block_fails_loudly():
         render.render("<!-- bench:begin -->\nno end\n", "page.md")
 
 
+@backend_independent
 def test_revisions_compares_two_trees_taking_turns(tmp_path):
     """Both trees are this checkout: the comparison runs, alternates, and reads each tree's
     vit_keras."""
@@ -378,6 +389,7 @@ def test_every_family_by_name_matches_timms_own_architecture():
         assert result["max_abs_output"] > 0.1, (name, result)
 
 
+@backend_independent
 def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
     from benchmarks import masked_patch
 
@@ -393,6 +405,7 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
         assert 0.0 <= probe["linear_probe"] <= 1.0 and probe["probe_train_images"] == 600
 
 
+@backend_independent
 def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     from benchmarks import resolution
 
@@ -402,6 +415,7 @@ def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2
 
 
+@backend_independent
 def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch):
     import json
     import subprocess
@@ -434,3 +448,59 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
     assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
     assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"
+
+
+def smoke_forward_flops() -> float:
+    """The smoke model's forward FLOPs (2 x multiply-adds), counted here from its shape:
+    32 px in 8 px patches, width 32, 2 blocks, MLP 64, 1000 classes."""
+    patches, tokens, width, mlp = 16, 17, 32, 64
+    embed = patches * 8 * 8 * 3 * width
+    block = 4 * tokens * width * width + 2 * tokens * tokens * width + 2 * tokens * width * mlp
+    return 2.0 * (embed + 2 * block + width * 1000)
+
+
+def test_bench_device_mode_on_cpu_records_device_shares_of_peak_and_memory():
+    """The accelerator mode, run on the CPU: the device named, one thread, no latency, shares
+    of the matmul peak for inference and training consistent with the rates and an
+    independent FLOP count, and no device memory on a CPU; a device the backend does not
+    compute on is refused."""
+    from benchmarks import bench
+
+    report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
+                         "--device", "cpu", "--threads", "1", "--skip-latency"])
+    assert report["device"]["kind"] == "cpu" and report["device"]["name"]
+    assert report["threads"] == 1
+    flops = smoke_forward_flops()
+    for result in report["results"]:
+        assert result["latency_ms"] is None and result["device_peak_mib"] is None
+        assert result["gflops_per_image"] == pytest.approx(flops / 1e9)
+        framework = "torch" if result["implementation"] == "timm" else f"keras-{report['backend']}"
+        peak = max([report["matmul_gflops"][f"{framework}-float32"]] + [
+            r["matmul_gflops_s"] for r in report["results"]
+            if (r["implementation"] == "timm") == (framework == "torch")])
+        assert result["infer_share_of_peak"] == pytest.approx(
+            result["infer_images_s"] * flops / 1e9 / peak)
+        assert result["train_share_of_peak"] == pytest.approx(
+            result["train_images_s"] * 3 * flops / 1e9 / peak)
+        assert 0 < result["infer_share_of_peak"] < 1
+    with pytest.raises(SystemExit, match="--device cuda: the .* backend computes on cpu"):
+        bench.main(["--smoke", "--peers", "--device", "cuda"])
+
+
+def test_overhead_model_has_b16_depth_at_tiny_width_and_its_table_divides_by_timm():
+    from benchmarks.runners import model_spec
+    from benchmarks.tables import overhead_markdown
+
+    config, image_size = model_spec("overhead", 224)
+    assert (config.hidden_size, config.num_layers, config.num_heads, config.mlp_dim,
+            config.patch_size, image_size) == (64, 12, 4, 128, 16, 32)
+    rows = [dict(implementation=name, jit_compile=jit, batch=2, infer_images_s=2000 / forward,
+                 train_images_s=2000 / train)
+            for name, jit, forward, train in (("vit_keras", False, 6.0, 30.0),
+                                              ("vit_keras jit_compile=true", True, 5.0, 20.0),
+                                              ("timm", False, 4.0, 15.0),
+                                              ("timm-compile", True, 2.0, 10.0))]
+    text = overhead_markdown([{"backend": "torch", "results": rows}])
+    assert "| torch | vit_keras | false | 6.0 | 1.50x timm | 30.0 | 2.00x timm |" in text
+    assert ("| torch | vit_keras jit_compile=true | true | 5.0 | 2.50x timm-compile | 20.0 | "
+            "2.00x timm-compile |") in text

@@ -218,3 +218,12 @@ def test_pip_installs_no_top_level_apps_package(tmp_path):
     top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert "vit_keras_apps" in top and "vit_keras" in top
     assert not top & {"apps", "benchmarks", "tests"}, top
+
+
+def test_readme_tells_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    install = (ROOT / "README.md").read_text().split("## Install")[1].split("\n## ")[0]
+    assert set(re.findall(r"^\| `([\w-]+)` \|", install, re.M)) == set(extras)

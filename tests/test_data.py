@@ -1,4 +1,5 @@
 import gzip
+import logging
 import struct
 import warnings
 
@@ -124,6 +125,24 @@ def test_fashion_mnist_from_idx_files_and_a_clear_error(tmp_path, monkeypatch):
     (tmp_path / "bad").write_bytes(b"\x01\x02\x03\x04")
     with pytest.raises(ValueError, match="is not an unsigned-byte IDX file"):
         data.read_idx(str(tmp_path / "bad"))
+
+
+@backend_independent
+def test_fashion_mnist_loads_without_tfds_variant_folder_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(data, "FASHION_MNIST_DIRS", ())
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", np.zeros((2, 28, 28), np.uint8))
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.arange(2))
+    unwanted = "fashion_mnist/3.0.1 has no dataset_info.json"
+    with caplog.at_level(logging.WARNING):
+        tfds.builder("fashion_mnist", data_dir=str(tmp_path)).is_prepared()  # tfds alone warns
+        assert any(r.getMessage().endswith(unwanted) for r in caplog.records)
+        caplog.clear()
+        data.load_fashion_mnist("test", data_dir=str(tmp_path))
+        assert not caplog.records
+        # Only inside our tfds calls, and only that message.
+        logging.getLogger("absl").warning("Variant folder %s has no %s", "v", "features.json")
+        assert [r.getMessage() for r in caplog.records] == [
+            "Variant folder v has no features.json"]
 
 
 def test_a_keras_cv_only_augmentation_runs_in_the_pipeline():

@@ -5,9 +5,12 @@ smoothing need)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import logging
 import os
 import pathlib
+import re
 import warnings
 
 import keras
@@ -33,13 +36,37 @@ def from_arrays(images: np.ndarray, labels: np.ndarray) -> tf.data.Dataset:
     return tf.data.Dataset.from_tensor_slices((images, np.asarray(labels, "int64")))
 
 
+class _NoMissingVariantFiles(logging.Filter):
+    """Drops tfds' absl warning "Variant folder ... has no dataset_info.json" (or
+    features.json): tfds logs it for every version folder of a dataset it looks for and does
+    not find prepared, on every load, although nothing is wrong."""
+
+    MESSAGE = re.compile(r"Variant folder .* has no \S+\.json$")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self.MESSAGE.match(record.getMessage())
+
+
+@contextlib.contextmanager
+def _quiet_tfds():
+    """tfds calls without the warning _NoMissingVariantFiles drops; every other log record
+    passes."""
+    logger, quiet = logging.getLogger("absl"), _NoMissingVariantFiles()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 def from_tfds(name: str, split: str, data_dir: str | None = None,
               shuffle_files: bool = False) -> tuple[tf.data.Dataset, list[str]]:
     """A tfds dataset as (image, label) pairs, and its class names."""
     import tensorflow_datasets as tfds
 
-    dataset, info = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
-                              with_info=True, shuffle_files=shuffle_files)
+    with _quiet_tfds():
+        dataset, info = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
+                                  with_info=True, shuffle_files=shuffle_files)
     label = info.features["label"] if "label" in info.features else None
     names = list(label.names) if label is not None and hasattr(label, "names") else []
     return dataset, names
@@ -188,11 +215,12 @@ def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
     try:
         import tensorflow_datasets as tfds
 
-        builder = tfds.builder("fashion_mnist", data_dir=data_dir)
-        if builder.is_prepared():
-            images, labels = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1,
-                                                              as_supervised=True))
-            return images, labels
+        with _quiet_tfds():
+            builder = tfds.builder("fashion_mnist", data_dir=data_dir)
+            if builder.is_prepared():
+                images, labels = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1,
+                                                                  as_supervised=True))
+                return images, labels
     except Exception:  # noqa: S110  (tfds missing or unreadable: fall back to IDX files)
         pass
     paths = [_find_idx(data_dir, stem) for stem in _IDX_FILES[split]]

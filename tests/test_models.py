@@ -10,7 +10,14 @@ import torch
 
 import vit_keras as vk
 from tests import numpy_vit
-from tests.conftest import TINY, checkpoint_params, images, randomize, randomize_layer
+from tests.conftest import (
+    TINY,
+    backend_independent,
+    checkpoint_params,
+    images,
+    randomize,
+    randomize_layer,
+)
 
 # vit-facts.md section 2: exact counts at 224 px with a 1000-class head (models_test.py).
 OFFICIAL_PARAMS = {
@@ -211,6 +218,7 @@ np.save(sys.argv[3], keras.ops.convert_to_numpy(model(np.load(sys.argv[2]))))
 """
 
 
+@backend_independent
 def test_same_weights_same_logits_on_every_backend(tmp_path):
     model = randomize(vk.vit(TINY, image_size=32, num_classes=6))
     model.save_weights(tmp_path / "w.weights.h5")

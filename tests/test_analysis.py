@@ -91,10 +91,25 @@ def test_sincos_position_similarity_peaks_at_itself_and_falls_with_distance():
 
 
 def test_patch_filters_are_principal_components():
+    """The components against an eigendecomposition of the filters' covariance (up to sign,
+    which the [0, 1] scaling turns into x -> 1 - x), with a planted dominant direction."""
     model = randomize(vk.vit(TINY, image_size=32, num_classes=3))
+    embedding = model.get_layer("embedding")
+    rng = np.random.default_rng(1)
+    planted = rng.normal(size=8 * 8 * 3)
+    kernel = 0.01 * rng.normal(size=(8 * 8 * 3, 32)) + np.outer(planted, rng.normal(size=32))
+    embedding.kernel.assign(kernel.reshape(8, 8, 3, 32).astype("float32"))
     filters = analysis.patch_filters(model, n=6)
     assert filters.shape == (6, 8, 8, 3)
-    assert filters.min() == 0.0 and filters.max() == 1.0
+
+    rows = kernel.T - kernel.T.mean(axis=0)
+    _, vectors = np.linalg.eigh(rows.T @ rows)
+    for filt, vector in zip(filters, vectors[:, ::-1].T, strict=False):
+        scaled = (vector - vector.min()) / (vector.max() - vector.min())
+        flat = filt.reshape(-1)
+        assert min(np.abs(flat - scaled).max(), np.abs(flat - (1 - scaled)).max()) < 1e-3
+    first = filters[0].reshape(-1)
+    assert abs(np.corrcoef(first, planted)[0, 1]) > 0.99
 
 
 def test_hybrid_analysis_measures_image_pixels_and_has_no_patch_filters():

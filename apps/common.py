@@ -57,8 +57,9 @@ class AppParser(argparse.ArgumentParser):
 
 
 def import_keras(verbose: bool) -> None:
-    """Imports Keras, then TensorFlow (Keras' PyTorch backend's compiler crashes the process
-    when loaded after TensorFlow). TensorFlow's start-up log lines are silenced unless
+    """Imports vit_keras, which loads what must come before TensorFlow (Triton's library, and
+    Keras with its PyTorch backend's compiler, which crash the process when loaded after
+    TensorFlow), then TensorFlow itself. TensorFlow's start-up log lines are silenced unless
     --verbose (or TF_CPP_MIN_LOG_LEVEL is set already); some of them (oneDNN's, on CPUs with
     AVX-512) come before TensorFlow reads its log level, so the imports run with the process's
     stderr closed."""
@@ -68,7 +69,9 @@ def import_keras(verbose: bool) -> None:
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import keras  # noqa: F401
+        import vit_keras  # noqa: F401
+
+        # isort: split
         import tensorflow  # noqa: F401
     finally:
         os.dup2(saved, 2)

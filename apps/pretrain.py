@@ -59,8 +59,8 @@ def main(argv=None):
         recipe = dataclasses.replace(recipe, patch_drop_rate=0.0)  # every patch is predicted
     run_dir = args.run_dir or os.path.join(
         "runs", "pretrain_" + os.path.basename(args.folder or args.dataset))
-    train.claim_run_dir(args, run_dir)
     images, _, names = train.load_sources(args)
+    train.claim_run_dir(args, run_dir)
     keras.config.set_dtype_policy(args.precision)
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
     num_classes = len(names) or args.num_classes

@@ -279,8 +279,8 @@ def run_training(args) -> dict:
     keras.utils.set_random_seed(args.seed)
     recipe = recipe_from_arguments(args)
     run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
-    claim_run_dir(args, run_dir)
     train, evaluation, names = load_sources(args)
+    claim_run_dir(args, run_dir)  # once the data is found: a mistake there leaves no folder
     count = count_examples(train)
     num_classes = len(names) or args.num_classes
     keras.config.set_dtype_policy(args.precision)

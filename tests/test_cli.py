@@ -164,6 +164,7 @@ def test_a_mistake_ends_with_one_clear_line_and_no_traceback(tmp_path, argv, mes
     assert "Traceback" not in done.stderr
     assert "cpu_feature_guard" not in done.stderr and "oneDNN" not in done.stderr
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"  # nothing overwritten
+    assert not (tmp_path / "runs").exists()  # nor a run folder begun
 
 
 def test_debug_shows_the_traceback(tmp_path):

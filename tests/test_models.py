@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from keras import ops
 
 import vit_keras as vk
 from tests import numpy_vit
@@ -265,18 +266,26 @@ def test_mixed_bfloat16_trains_and_returns_float32():
 
 
 def test_gelu_option_holds_under_mixed_bfloat16():
-    """approximate_gelu picks the GELU in every precision: under mixed_bfloat16 the tanh and
-    the exact GELU give different logits, as they do in float32."""
-    x = images(batch=8)
+    """approximate_gelu picks the GELU in every precision: under mixed_bfloat16 the MLP's
+    output is, bit for bit, Dense -> the chosen GELU -> Dense composed by hand in bfloat16, and
+    differs from the composition with the other GELU."""
+    keras.config.set_dtype_policy("mixed_bfloat16")  # the conftest fixture sets float32 back
+    x = np.random.default_rng(0).normal(0, 1, (4, 17, 32)).astype("float32")
 
-    def logits(policy, approximate_gelu):
-        keras.config.set_dtype_policy(policy)
-        model = vk.vit(TINY, image_size=32, num_classes=10, approximate_gelu=approximate_gelu)
-        keras.config.set_dtype_policy("float32")
-        return keras.ops.convert_to_numpy(randomize(model)(x))
+    def by_hand(mlp, approximate):
+        def dense(h, layer):
+            return (ops.matmul(h, ops.cast(layer.kernel, "bfloat16"))
+                    + ops.cast(layer.bias, "bfloat16"))
 
-    for policy in ("float32", "mixed_bfloat16"):
-        assert not np.array_equal(logits(policy, True), logits(policy, False)), policy
+        hidden = ops.gelu(dense(ops.cast(x, "bfloat16"), mlp.dense_0), approximate=approximate)
+        return ops.convert_to_numpy(ops.cast(dense(hidden, mlp.dense_1), "float32"))
+
+    for approximate in (True, False):
+        mlp = randomize_layer(vk.layers.MlpBlock(64, approximate_gelu=approximate),
+                              (None, 17, 32), scale=1.0)
+        out = ops.convert_to_numpy(ops.cast(mlp(x), "float32"))
+        np.testing.assert_array_equal(out, by_hand(mlp, approximate))
+        assert not np.array_equal(out, by_hand(mlp, not approximate))
 
 
 def test_int8_quantized_mlp_computes_with_its_quantized_kernels():

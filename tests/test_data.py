@@ -57,18 +57,51 @@ def test_numpy_source_and_preprocessing_range_and_shape():
     fit_one_epoch(train, num_classes=3)
 
 
+CLASS_VALUES = np.array([0, 80, 160, 240])  # one flat grey level per class
+
+
+def class_batch(**options):
+    """One training batch of 16 flat images, each of its class's grey level, uncropped and
+    unflipped, through make_pipeline with the given mixing or augmentation."""
+    labels = np.arange(16) % 4
+    images = np.broadcast_to(CLASS_VALUES[labels][:, None, None, None], (16, 32, 32, 3))
+    batches = data.make_pipeline(data.from_arrays(images.astype(np.uint8), labels),
+                                 image_size=32, num_classes=4, batch_size=16, training=True,
+                                 crop="none", flip=False, seed=0, **options)
+    x, y = next(iter(batches))
+    return (x.numpy() + 1.0) * 127.5, y.numpy()  # back to pixel values
+
+
+# Keras' CutMix weighs the labels by its box's real-valued area, and pastes the pixels whose
+# integer coordinates fall in the box: they differ by up to a row and a column of pixels.
+CUTMIX_PIXEL_SLACK = (32 + 32 + 1) / (32 * 32) * (CLASS_VALUES.max() - CLASS_VALUES.min())
+
+
 @backend_independent
-@pytest.mark.parametrize("mix", [{"mixup_alpha": 0.8}, {"cutmix_alpha": 1.0},
-                                 {"augment": (keras.layers.RandAugment(value_range=(0, 255)),)}])
-def test_mixing_and_augmentation_layers_keep_labels_distributions(mix):
-    images = np.random.default_rng(1).integers(0, 256, (16, 32, 32, 3), dtype=np.uint8)
-    batches = data.make_pipeline(data.from_arrays(images, np.arange(16) % 4), image_size=32,
-                                 num_classes=4, batch_size=16, training=True, seed=0, **mix)
-    x, labels = next(iter(batches))
-    np.testing.assert_allclose(labels.numpy().sum(axis=1), 1.0, atol=1e-5)
-    assert -1.0 <= float(tf.reduce_min(x)) and float(tf.reduce_max(x)) <= 1.0
-    mixed = not np.all(np.isin(labels.numpy(), [0.0, 1.0]))
-    assert mixed == ("augment" not in mix)
+@pytest.mark.parametrize("mix, atol", [({"mixup_alpha": 0.8}, 0.5),
+                                       ({"cutmix_alpha": 1.0}, CUTMIX_PIXEL_SLACK)])
+def test_mixing_weighs_images_and_labels_alike(mix, atol):
+    """Each mixed image's mean grey level is its label's mix of the class levels: the images
+    and the labels were mixed with one and the same proportion."""
+    pixels, labels = class_batch(**mix)
+    np.testing.assert_allclose(labels.sum(axis=1), 1.0, atol=1e-5)
+    assert not np.all(np.isin(labels, [0.0, 1.0]))  # something was mixed
+    np.testing.assert_allclose(pixels.mean(axis=(1, 2, 3)), labels @ CLASS_VALUES, atol=atol)
+    if "cutmix_alpha" in mix:  # pasted, not blended: only the two classes' own levels
+        for image, label in zip(pixels, labels, strict=True):
+            levels = CLASS_VALUES[label > 0]
+            assert np.all(np.abs(image.reshape(-1, 1) - levels).min(axis=1) < 0.5)
+
+
+@backend_independent
+def test_randaugment_changes_the_images_and_keeps_the_labels():
+    plain_pixels, plain_labels = class_batch()
+    pixels, labels = class_batch(augment=(keras.layers.RandAugment(value_range=(0, 255),
+                                                                  seed=0),))
+    np.testing.assert_array_equal(labels, plain_labels)
+    changed = np.abs(pixels - plain_pixels).max(axis=(1, 2, 3)) > 1.0
+    assert changed.mean() > 0.5, changed
+    assert pixels.min() >= -1e-3 and pixels.max() <= 255 + 1e-3
 
 
 def write_folder(root, corrupt=False):

@@ -73,7 +73,7 @@ def export_block() -> str:
     report = _json("export/export_report.json")
     images = next(iter(report["formats"].values()))["images"]
     text = (f"The main job's model ({report['model']}, input {report['input_shape']}), from "
-            f"`python -m apps.export runs/fashion_mnist/model.keras --samples {images} "
+            f"`vit-keras export runs/fashion_mnist/model.keras --samples {images} "
             f"--calibration 200` on {images} held-out test images "
             f"(`docs/export/export_report.json`):\n\n" + _export_table(report))
     for size, how in TI16_EXPORTS.items():

@@ -259,3 +259,24 @@ def test_the_main_job_evaluates_at_the_end_unless_eval_every_asks_for_more(tmp_p
     assert evaluated_epochs() == []
     assert evaluated_epochs("--eval-every", "1") == ["0", "1"]
     assert evaluated_epochs("--eval-every", "2") == ["1"]
+
+
+@backend_independent
+def test_paper_recipes_hold_the_papers_values():
+    """Sec. 4.1, Table 3 (ImageNet-21k pre-training of B and L) and Table 4 (fine-tuning), as
+    vit-facts.md section 5 lists them, in the recipes and in the optimizers they build."""
+    pretrain, finetune = training.RECIPES["pretrain"], training.RECIPES["finetune"]
+    assert (pretrain.optimizer, pretrain.learning_rate, pretrain.schedule, pretrain.warmup_steps,
+            pretrain.weight_decay, pretrain.dropout_rate, pretrain.clipnorm) == (
+        "adamw", 1e-3, "linear", 10_000, 0.03, 0.1, 1.0)
+    assert (finetune.optimizer, finetune.momentum, finetune.schedule, finetune.warmup_steps,
+            finetune.weight_decay, finetune.clipnorm) == ("sgd", 0.9, "cosine", 500, 0.0, 1.0)
+    assert 0.003 <= finetune.learning_rate <= 0.06  # the paper's ImageNet sweep
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    adam = training.make_optimizer(pretrain, model, total_steps=100_000)
+    assert (adam.beta_1, adam.beta_2, adam.global_clipnorm) == (0.9, 0.999, 1.0)
+    schedule = adam._learning_rate
+    assert (schedule.warmup_steps, schedule.decay) == (10_000, "linear")
+    sgd = training.make_optimizer(finetune, model, total_steps=20_000)
+    assert (type(sgd).__name__, sgd.momentum, sgd.global_clipnorm) == ("SGD", 0.9, 1.0)
+    assert float(sgd._learning_rate(500)) == pytest.approx(finetune.learning_rate)

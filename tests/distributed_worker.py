@@ -83,7 +83,9 @@ elif MODE == "jax-model-parallel":
     query = specs["Transformer_encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"]
     dense = specs["Transformer_encoderblock_0/MlpBlock_3/Dense_0/kernel"]
     norm = specs["Transformer_encoderblock_0/LayerNorm_0/gamma"]
-    with open(OUT, "w") as file:
+    keras.distribution.set_distribution(None)
+    save({"single": train(distribute.choose("none")), "distributed": model})
+    with open(OUT.replace(".npz", ".txt"), "w") as file:
         file.write(repr({"query": query, "dense_0": dense, "norm": norm,
                          "replicas": mp.num_replicas}))
 elif MODE == "jax-multiprocess":  # JAX_COORDINATOR_ADDRESS etc. come from the parent

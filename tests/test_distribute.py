@@ -127,12 +127,13 @@ def test_two_jax_processes_train_together_like_one_device(tmp_path):
 
 
 @jax_only
-def test_jax_model_parallel_shards_heads_and_mlp(tmp_path):
-    [(code, err)] = run_workers("jax-model-parallel", [tmp_path / "specs.txt"])
+def test_jax_model_parallel_shards_heads_and_mlp_and_trains_like_one_device(tmp_path):
+    [(code, err)] = run_workers("jax-model-parallel", [tmp_path / "w.npz"])
     assert code == 0, err[-3000:]
-    specs = ast.literal_eval((tmp_path / "specs.txt").read_text())
+    specs = ast.literal_eval((tmp_path / "w.txt").read_text())
     assert specs == {"query": (None, "model", None), "dense_0": (None, "model"),
                      "norm": (None,), "replicas": 2}
+    assert_same_training(tmp_path / "w.npz")
 
 
 def test_choose_names_what_each_backend_supports():

@@ -32,19 +32,22 @@ def representation_features(model: keras.Model, images: np.ndarray) -> np.ndarra
 
 
 def probes(model: keras.Model, limit: int | None) -> dict:
-    """Few-shot accuracies (the paper's probe) and a linear probe on PROBE_TRAIN images."""
+    """Few-shot accuracies (the paper's probe) and a linear probe on PROBE_TRAIN images,
+    scored on PROBE_TEST held-out images (a smoke run's `limit` of each)."""
     train_images, train_labels = data.load_fashion_mnist("train")
     test_images, test_labels = data.load_fashion_mnist("test")
     count = min(limit or PROBE_TRAIN, PROBE_TRAIN)
+    held_out = min(limit or PROBE_TEST, PROBE_TEST)
     features_train = representation_features(model, train_images[:count])
-    features_test = representation_features(model, test_images[:PROBE_TEST])
+    features_test = representation_features(model, test_images[:held_out])
     few = analysis.few_shot(features_train, train_labels[:count], features_test,
-                            test_labels[:PROBE_TEST], shots=SHOTS)
+                            test_labels[:held_out], shots=SHOTS)
     linear = analysis.linear_fewshot_accuracy(features_train, train_labels[:count],
-                                              features_test, test_labels[:PROBE_TEST], 10,
+                                              features_test, test_labels[:held_out], 10,
                                               l2=1.0)
     return {"few_shot": {str(k): round(v, 4) for k, v in few.items()},
-            "linear_probe": round(linear, 4), "probe_train_images": count}
+            "linear_probe": round(linear, 4), "probe_train_images": count,
+            "probe_test_images": held_out}
 
 
 def main(argv=None) -> dict:

@@ -359,13 +359,14 @@ def test_revisions_compares_two_trees_taking_turns(tmp_path):
     from benchmarks import revisions
 
     report = revisions.main(["--before", str(ROOT), "--after", str(ROOT), "--smoke",
-                             "--rounds", "2", "--json", str(tmp_path / "revisions.json")])
+                             "--rounds", "2", "--samples", "2", "--warmup", "1",
+                             "--json", str(tmp_path / "revisions.json")])
     assert [(r["round"], r["tree"]) for r in report["runs"]] == [
         (0, "before"), (0, "after"), (1, "after"), (1, "before")]
     for run in report["runs"]:
         assert run["backend"] == keras.backend.backend()
         assert Path(run["vit_keras"]).parent.parent == ROOT.resolve()
-        assert run["params"] == smoke_params() and len(run["infer_s"]) == 5
+        assert run["params"] == smoke_params() and len(run["infer_s"]) == 2
     [summary] = report["summary"]
     assert summary["variant"] == "smoke" and summary["batch"] == 2
     for kind in ("infer", "train"):
@@ -394,7 +395,7 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
     from benchmarks import masked_patch
 
     report = masked_patch.main(["--pretrain-epochs", "1", "--finetune-epochs", "1",
-                                "--limit", "600", "--out", str(tmp_path),
+                                "--limit", "300", "--out", str(tmp_path),
                                 "--json", str(tmp_path / "report.json")])
     assert json.loads((tmp_path / "report.json").read_text())["backend"] == report["backend"]
     assert report["pretrain"]["target"] == "mean_color"
@@ -402,7 +403,8 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
     assert report["pretrain_then_finetune"]["epochs"] == 1 and report["scratch"]["epochs"] == 2
     for probe in report["probes"].values():
         assert list(probe["few_shot"]) == ["1", "5", "10", "25"]
-        assert 0.0 <= probe["linear_probe"] <= 1.0 and probe["probe_train_images"] == 600
+        assert 0.0 <= probe["linear_probe"] <= 1.0 and probe["probe_train_images"] == 300
+        assert probe["probe_test_images"] == 300
 
 
 @backend_independent
@@ -410,7 +412,7 @@ def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     from benchmarks import resolution
 
     report = resolution.main(["--model", str(ROOT / "docs" / "mainjob" / "model.keras"),
-                              "--image-size", "40", "--limit", "256", "--out", str(tmp_path)])
+                              "--image-size", "40", "--limit", "128", "--out", str(tmp_path)])
     assert report["token_ratio"] == round(100 / 49, 3)
     assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2
 
@@ -466,10 +468,13 @@ def test_bench_device_mode_on_cpu_records_device_shares_of_peak_and_memory():
     compute on is refused."""
     from benchmarks import bench
 
+    # TensorFlow takes a thread count only before its first op, long past in this process
+    threads = None if keras.backend.backend() == "tensorflow" else 1
     report = bench.main(["--smoke", "--peers", "timm", "--precisions", "float32",
-                         "--device", "cpu", "--threads", "1", "--skip-latency"])
+                         "--device", "cpu", "--skip-latency",
+                         *(["--threads", str(threads)] if threads else [])])
     assert report["device"]["kind"] == "cpu" and report["device"]["name"]
-    assert report["threads"] == 1
+    assert report["threads"] == threads
     flops = smoke_forward_flops()
     for result in report["results"]:
         assert result["latency_ms"] is None and result["device_peak_mib"] is None

@@ -391,6 +391,8 @@ def test_every_family_by_name_matches_timms_own_architecture():
 
 
 @backend_independent
+@pytest.mark.over_budget(reason="the experiment's three training runs (pre-train, fine-tune, "
+                                "scratch) and two probes, each through the apps on its own model")
 def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
     from benchmarks import masked_patch
 
@@ -408,6 +410,8 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
 
 
 @backend_independent
+@pytest.mark.over_budget(reason="two fine-tuning runs of the committed main-job model through "
+                                "the apps, at two image sizes")
 def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     from benchmarks import resolution
 

@@ -233,7 +233,7 @@ def test_seed_makes_a_run_repeatable(tmp_path):
 
     def first_loss(seed, name):
         # without flips: tf.data's parallel map draws them in no fixed order
-        flags = ["--limit", "256", "--epochs", "1", "--eval-limit", "64", "--seed", str(seed),
+        flags = ["--limit", "128", "--epochs", "1", "--eval-limit", "64", "--seed", str(seed),
                  "--recipe-option", "flip=False", "--run-dir", str(tmp_path / name),
                  *TINY_FLAGS]
         train.main(flags)

@@ -112,6 +112,8 @@ def test_jax_data_parallel_over_four_devices_equals_one(tmp_path):
 
 
 @jax_only
+@pytest.mark.over_budget(reason="two JAX processes that train together, then the one-device "
+                                "reference in a third: three interpreters started in turn")
 def test_two_jax_processes_train_together_like_one_device(tmp_path):
     outs = [tmp_path / "w0.npz", tmp_path / "w1.npz"]
     results = run_workers("jax-multiprocess", outs,

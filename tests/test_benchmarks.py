@@ -255,6 +255,8 @@ def test_machine_description_reads_the_cpu_flags():
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
+@pytest.mark.over_budget(reason="torch.compile's inductor compiles our model and timm's on the "
+                                "CPU, a C++ build each")
 def test_bench_torch_compile_times_our_compiled_model_which_predicts_like_eager():
     # A fresh process: torch._dynamo loaded after TensorFlow segfaults, and this process's
     # import order is not the benchmark's.

@@ -203,8 +203,8 @@ def test_killed_run_resumes_with_complete_history(tmp_path):
 def test_end_to_end_on_real_fashion_mnist(tmp_path):
     from apps import train
 
-    result = train.main(["--limit", "8192", "--epochs", "3", "--run-dir", str(tmp_path),
-                         *TINY_FLAGS])
+    result = train.main(["--limit", "8192", "--eval-limit", "2000", "--epochs", "3",
+                         "--run-dir", str(tmp_path), *TINY_FLAGS])
     assert result["test_accuracy"] > 0.5  # chance is 0.1
     history = json.loads((tmp_path / "history.json").read_text())
     assert len(history) == 3 and not any("val_accuracy" in e for e in history.values())

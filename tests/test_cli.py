@@ -11,19 +11,16 @@ import sys
 import zipfile
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 from PIL import Image
 
 import vit_keras as vk
 from apps.cli import APPS
-from tests.conftest import TINY
+from tests.conftest import TINY, backend_independent
 
 ROOT = Path(__file__).parents[1]
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                                reason="the apps' argument and error handling are "
-                                       "backend-independent; checked once, under TensorFlow")
+pytestmark = backend_independent  # the apps' argument and error handling
 
 
 def app(*argv, cwd=ROOT, command=None):

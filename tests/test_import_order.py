@@ -4,14 +4,12 @@ import os
 import subprocess
 import sys
 
-import keras
-import pytest
+from tests.conftest import backend_independent
 
 BACKENDS = ("tensorflow", "jax", "torch")
 
 
-@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                    reason="starts one process per backend itself; runs in the tensorflow pass")
+@backend_independent  # it starts one process per backend itself
 def test_import_vit_keras_then_timm_on_every_backend():
     # Before vit_keras loaded Triton's library ahead of TensorFlow, the tensorflow process
     # died with a segfault (exit -11) at `import timm`.

@@ -39,10 +39,9 @@ def on_torch() -> bool:
 
 def backend_has_fused_attention() -> bool:
     """Whether "auto" picks the fused kernel: on PyTorch, and on JAX with an accelerator."""
-    backend = keras.backend.backend()
-    if backend == "torch":
+    if on_torch():
         return True
-    if backend == "jax":
+    if keras.backend.backend() == "jax":
         import jax
 
         return jax.default_backend() != "cpu"

@@ -39,7 +39,8 @@ MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 # Where the data came from, kept in result.json for the apps that read the run later.
-DATA_FLAGS = ("dataset", "folder", "eval_folder", "data_dir", "train_split", "eval_split")
+DATA_FLAGS = ("dataset", "folder", "eval_folder", "data_dir", "train_split", "eval_split",
+              "validation_split")
 # What a run writes into its folder (vit_keras.training.callbacks, write_results, apps.pretrain),
 # the arguments it was started with first.
 ARGUMENTS_FILE = "arguments.json"
@@ -55,6 +56,10 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     source.add_argument("--eval-folder", help="held-out DIR/<class>/<images> for --folder")
     source.add_argument("--train-split", default="train", help="tfds split to train on")
     source.add_argument("--eval-split", default="test", help="tfds split to evaluate on")
+    source.add_argument("--validation-split", type=positive_int, default=None, metavar="N",
+                        help="hold out the last N training images and evaluate on them instead "
+                             "of the held-out split (which is then not read): for choosing a "
+                             "recipe")
     source.add_argument("--on-bad-image", default="skip", choices=["skip", "raise"],
                         help="an unreadable file in --folder: leave it out with a warning, or "
                              "stop")
@@ -196,7 +201,9 @@ def load_sources(args):
 
     train, names = data.load_source(args.dataset, args.train_split, args.folder, args.data_dir,
                                     args.on_bad_image)
-    if args.folder:
+    if args.validation_split:
+        train, evaluation = data.split_last(train, args.validation_split)
+    elif args.folder:
         evaluation = (data.from_folder(args.eval_folder, on_error=args.on_bad_image)[0]
                       if args.eval_folder else None)
     else:
@@ -250,8 +257,9 @@ def write_results(args, run_dir, model, names, num_classes, history, eval_batche
               "model": model_path}
     if eval_batches is not None:
         scores = model.evaluate(eval_batches, return_dict=True, verbose=0)
-        result.update(test_accuracy=round(scores["accuracy"], 4),
-                      test_top5=round(scores["top5"], 4))
+        split = "validation" if args.validation_split else "test"
+        result.update({f"{split}_accuracy": round(scores["accuracy"], 4),
+                       f"{split}_top5": round(scores["top5"], 4)})
     with open(os.path.join(run_dir, "labels.txt"), "w") as file:
         file.write("\n".join(names or map(str, range(num_classes))) + "\n")
     result["total_seconds"] = round(time.time() - started, 1)

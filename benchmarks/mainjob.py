@@ -3,8 +3,13 @@
 and spread, and the machine in docs/mainjob/seeds.json, and the first seed's run files in
 docs/mainjob/. A seed whose run directory already holds a result is not run again.
 
+One try of a recipe change, scored on a validation split carved from the training images so
+that the choice leaves the test split unread, goes to docs/mainjob/tries/NAME.json (the run's
+result with its command, per-epoch seconds and the machine) and NAME.history.json.
+
 python -m benchmarks.mainjob [--seeds 0 1 2] [--out runs/mainjob] [--docs docs/mainjob]
     [any apps.train flag, passed to every seed]
+python -m benchmarks.mainjob --try NAME --validation-split 10000 [any apps.train flag]
 """
 
 import argparse
@@ -20,14 +25,38 @@ from benchmarks.machine import describe_host
 RUN_FILES = ("history.csv", "history.json", "labels.txt", "model.keras", "result.json")
 
 
-def run_seed(seed: int, run_dir: str, flags: list[str]) -> dict:
-    """The seed's result.json, from its run directory or from a new run of the main job."""
+def run_main_job(run_dir: str, flags: list[str]) -> dict:
+    """The result.json of run_dir (which flags name), from an earlier run or a new one."""
     path = os.path.join(run_dir, "result.json")
     if not os.path.exists(path):
-        subprocess.run(["bash", "scripts/main.sh", "--seed", str(seed), "--run-dir", run_dir,
-                        *flags], check=True)
+        subprocess.run(["bash", "scripts/main.sh", *flags], check=True)
     with open(path) as file:
         return json.load(file)
+
+
+def run_seed(seed: int, run_dir: str, flags: list[str]) -> dict:
+    return run_main_job(run_dir, ["--seed", str(seed), "--run-dir", run_dir, *flags])
+
+
+def epoch_seconds(run_dir: str) -> list[float]:
+    """Each epoch's wall-clock seconds, as the run's history recorded them."""
+    with open(os.path.join(run_dir, "history.json")) as file:
+        history = json.load(file)
+    return [history[epoch]["epoch_seconds"] for epoch in sorted(history, key=int)]
+
+
+def record_try(name: str, run_dir: str, tries_dir: str, flags: list[str]) -> dict:
+    """One run of the main job with `flags`, kept as tries_dir/NAME.json and
+    NAME.history.json."""
+    result = run_main_job(run_dir, ["--run-dir", run_dir, *flags])
+    report = {"command": " ".join(["bash scripts/main.sh", *flags]), **result,
+              "epoch_seconds": epoch_seconds(run_dir), "machine": describe_host(),
+              "backend": os.environ.get("KERAS_BACKEND", "tensorflow")}  # as scripts/main.sh
+    os.makedirs(tries_dir, exist_ok=True)
+    shutil.copy(os.path.join(run_dir, "history.json"),
+                os.path.join(tries_dir, f"{name}.history.json"))
+    write_json(report, os.path.join(tries_dir, f"{name}.json"))
+    return report
 
 
 def summarise(results: dict[str, dict]) -> dict:
@@ -47,7 +76,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=os.path.join("runs", "mainjob"))
     parser.add_argument("--docs", default=os.path.join("docs", "mainjob"))
+    parser.add_argument("--try", dest="try_name", metavar="NAME",
+                        help="one run of the flags, recorded in DOCS/tries/NAME.json")
     args, flags = parser.parse_known_args(argv)
+    if args.try_name:
+        return record_try(args.try_name, os.path.join(args.out, "tries", args.try_name),
+                          os.path.join(args.docs, "tries"), flags)
+    if any(flag.startswith("--validation-split") for flag in flags):
+        parser.error("--validation-split is for --try runs: the seeds' runs are the final "
+                     "ones, scored once on the test split")
     run_dirs = {seed: os.path.join(args.out, f"seed{seed}") for seed in args.seeds}
     results = {str(seed): run_seed(seed, run_dir, flags) for seed, run_dir in run_dirs.items()}
     report = {"command": " ".join(["bash scripts/main.sh --seed N", *flags]),

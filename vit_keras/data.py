@@ -85,6 +85,20 @@ def load_source(dataset: str = "fashion_mnist", split: str = "train", folder: st
     return from_tfds(dataset, split, data_dir)
 
 
+def split_last(dataset: tf.data.Dataset,
+               count: int) -> tuple[tf.data.Dataset, tf.data.Dataset]:
+    """(all but the last `count` examples, the last `count`): a validation split held out of
+    the training data, the same examples on every run, so that choices made on it leave the
+    test split unread."""
+    total = int(dataset.cardinality())
+    if total < 0:  # unknown (a filtered folder): count it
+        total = sum(1 for _ in dataset)
+    if not 0 < count < total:
+        raise ValueError(f"a validation split of {count} images must leave some to train on: "
+                         f"expected 1 to {total - 1}, got {count}")
+    return dataset.take(total - count), dataset.skip(total - count)
+
+
 def _check_image(path: pathlib.Path) -> str | None:
     """None when the file decodes completely, else why not."""
     from PIL import Image

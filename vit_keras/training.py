@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 
 import keras
 from keras import ops
@@ -175,11 +176,17 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
 class HistoryFile(keras.callbacks.Callback):
     """The epoch logs as JSON (and CSV beside it), keyed by epoch and rewritten atomically
     after each one, so a run resumed by BackupAndRestore ends with one complete history (no
-    gaps, no repeats). Place it before BackupAndRestore in the callback list."""
+    gaps, no repeats). Each epoch also records its wall-clock epoch_seconds (training and any
+    evaluation), measured here rather than read off a progress bar. Place it before
+    BackupAndRestore in the callback list."""
 
     def __init__(self, path: str):
         super().__init__()
         self.path = path
+        self.epoch_started = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_started = time.perf_counter()
 
     def read(self) -> dict[int, dict]:
         if not os.path.exists(self.path):
@@ -190,6 +197,8 @@ class HistoryFile(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         history = self.read()
         history[epoch] = {k: float(v) for k, v in (logs or {}).items()}
+        if self.epoch_started is not None:
+            history[epoch]["epoch_seconds"] = round(time.perf_counter() - self.epoch_started, 2)
         tmp = self.path + ".tmp"
         with open(tmp, "w") as file:
             json.dump({str(k): history[k] for k in sorted(history)}, file, indent=1)

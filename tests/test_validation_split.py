@@ -1,0 +1,98 @@
+"""The validation split carved from the training images (vit_keras.data.split_last, apps.train
+--validation-split) and the main job's tries that record it (benchmarks.mainjob --try)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import backend_independent
+from vit_keras import data
+
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
+              "--patch-size", "7", "--batch-size", "64", "--jit-compile", "false"]
+
+
+@backend_independent
+def test_split_last_holds_out_the_last_examples_and_refuses_an_empty_side():
+    dataset = data.from_arrays(np.zeros((10, 2, 2), "uint8"), np.arange(10))
+    rest, held_out = data.split_last(dataset, 3)
+    assert [int(label) for _, label in rest] == list(range(7))
+    assert [int(label) for _, label in held_out] == [7, 8, 9]
+    unknown_size = dataset.filter(lambda image, label: label >= 0)  # cardinality unknown
+    assert [int(label) for _, label in data.split_last(unknown_size, 9)[1]] == list(range(1, 10))
+    for count in (10, 0):
+        with pytest.raises(ValueError, match=f"a validation split of {count} images must leave "
+                                             f"some to train on: expected 1 to 9, got {count}"):
+            data.split_last(dataset, count)
+
+
+@backend_independent
+@pytest.mark.skipif(not (FASHION_MNIST / "train-labels-idx1-ubyte.gz").exists(),
+                    reason="needs Debian's dataset-fashion-mnist")
+def test_train_app_scores_the_last_training_images_and_never_reads_the_test_split(
+        tmp_path, monkeypatch):
+    from apps import train
+
+    labels = data.read_idx(str(FASHION_MNIST / "train-labels-idx1-ubyte.gz"))
+    read_splits = []
+    load_source = data.load_source
+
+    def recording_load_source(dataset, split, *rest):
+        read_splits.append(split)
+        return load_source(dataset, split, *rest)
+
+    monkeypatch.setattr(data, "load_source", recording_load_source)
+    args = train.build_parser().parse_args(["--validation-split", "64"])
+    rest, held_out, _ = train.load_sources(args)
+    assert train.count_examples(rest) == 60000 - 64
+    assert [int(label) for _, label in held_out] == labels[-64:].tolist()
+
+    result = train.main(["--validation-split", "64", "--limit", "128", "--epochs", "1",
+                         "--eval-every", "1", "--run-dir", str(tmp_path), *TINY_FLAGS])
+    assert set(read_splits) == {"train"}
+    assert "test_accuracy" not in result and result["data"]["validation_split"] == 64
+    history = json.loads((tmp_path / "history.json").read_text())
+    # the final score is the epoch's evaluation of the same 64 images, with the same weights
+    assert result["validation_accuracy"] == round(history["0"]["val_accuracy"], 4)
+    assert 0 < history["0"]["epoch_seconds"] <= result["fit_seconds"] + 0.1
+
+
+@backend_independent
+def test_mainjob_try_records_the_runs_result_epoch_seconds_and_cpu(tmp_path, monkeypatch):
+    import subprocess
+
+    from benchmarks import machine, mainjob
+
+    def fake_main_sh(command, check):
+        run_dir = Path(command[command.index("--run-dir") + 1])
+        run_dir.mkdir(parents=True)
+        (run_dir / "result.json").write_text(json.dumps(
+            {"epochs": 2, "validation_accuracy": 0.9, "fit_seconds": 50.0}))
+        (run_dir / "history.json").write_text(json.dumps(
+            {"1": {"loss": 0.5, "epoch_seconds": 24.0}, "0": {"loss": 0.7,
+                                                            "epoch_seconds": 26.0}}))
+        calls.append(command)
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", fake_main_sh)
+    flags = ["--validation-split", "10000", "--epochs", "2"]
+    report = mainjob.main(["--try", "e2", "--out", str(tmp_path / "runs"), "--docs",
+                           str(tmp_path / "docs"), *flags])
+    run_dir = str(tmp_path / "runs" / "tries" / "e2")
+    assert calls == [["bash", "scripts/main.sh", "--run-dir", run_dir, *flags]]
+    assert report["command"] == "bash scripts/main.sh --validation-split 10000 --epochs 2"
+    assert (report["validation_accuracy"], report["epoch_seconds"]) == (0.9, [26.0, 24.0])
+    cpu = machine.first_cpu_info()
+    assert report["machine"]["cpu"] and report["machine"]["cpu"] == cpu.get(
+        "model name", report["machine"]["cpu"])
+    assert set(report["machine"]["isa"]) == set(machine.ISA_FLAGS) & set(
+        cpu.get("flags", "").split())
+    tries = tmp_path / "docs" / "tries"
+    assert json.loads((tries / "e2.json").read_text()) == report
+    assert json.loads((tries / "e2.history.json").read_text())["0"]["epoch_seconds"] == 26.0
+    with pytest.raises(SystemExit) as refused:  # the seeds' runs are the final, test-split ones
+        mainjob.main(["--seeds", "0", "--out", str(tmp_path / "runs"), *flags])
+    assert refused.value.code == 2 and len(calls) == 1

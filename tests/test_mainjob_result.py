@@ -1,0 +1,40 @@
+"""The committed main-job model scores what its committed result says: docs/mainjob/model.keras,
+loaded in safe mode and run on the 10,000 Fashion-MNIST test images, preprocessed here from
+the IDX files (not through vit_keras.data), gets as many right as docs/mainjob/result.json's
+test accuracy means."""
+
+import json
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import vit_keras  # noqa: F401  (registers the layers the .keras file names)
+from tests.conftest import backend_independent
+from vit_keras.data import read_idx
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN = ROOT / "docs" / "mainjob"
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+def correct_on_test_split(model) -> int:
+    """How many of the 10,000 test images the model classifies right: pixels to [-1, 1],
+    gray repeated to the model's channels, no resizing (the images are the model's 28x28)."""
+    images = read_idx(str(FASHION_MNIST / "t10k-images-idx3-ubyte.gz"))
+    labels = read_idx(str(FASHION_MNIST / "t10k-labels-idx1-ubyte.gz"))
+    inputs = np.repeat(images[..., None].astype("float32") / 127.5 - 1.0,
+                       model.input.shape[-1], axis=-1)
+    logits = model.predict(inputs, batch_size=2500, verbose=0)
+    return int(np.sum(np.argmax(logits, axis=-1) == labels))
+
+
+@backend_independent
+@pytest.mark.skipif(not (FASHION_MNIST / "t10k-images-idx3-ubyte.gz").exists(),
+                    reason="needs Debian's dataset-fashion-mnist")
+def test_committed_main_job_model_scores_its_committed_test_accuracy():
+    result = json.loads((RUN / "result.json").read_text())
+    model = keras.saving.load_model(RUN / "model.keras", safe_mode=True)
+    # 10,000 images: four decimals of accuracy name the count of correct images exactly
+    assert correct_on_test_split(model) == round(result["test_accuracy"] * 10_000)

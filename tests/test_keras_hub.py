@@ -7,7 +7,9 @@ import pytest
 import vit_keras as vk
 from tests.conftest import TINY, images, randomize
 
-keras_hub = pytest.importorskip("keras_hub")
+keras_hub = pytest.importorskip(
+    "keras_hub", reason="keras-hub is not installed: pip install --no-deps keras-hub==0.32.0 "
+                        "(the test extra brings its requirements; scripts/setup.sh does both)")
 
 
 def hub_backbone(**options):

@@ -79,7 +79,7 @@ def main(argv=None):
         model, recipe, batches, epochs=args.epochs, steps_per_epoch=steps, run_dir=run_dir,
         learning_rate=args.learning_rate, distribution=distribution,
         jit_compile=train.JIT_COMPILE[args.jit_compile],
-        steps_per_execution=args.steps_per_execution,
+        steps_per_execution=args.steps_per_execution, keep_checkpoints=args.keep_checkpoints,
         compile=functools.partial(masked.compile_masked_patch_model, target=args.target))
     path = os.path.join(run_dir, "backbone.keras")
     backbone.save(path)

@@ -44,10 +44,10 @@ DATA_FLAGS = ("dataset", "folder", "eval_folder", "data_dir", "train_split", "ev
 # What a run writes into its folder (vit_keras.training.callbacks, write_results, apps.pretrain),
 # the arguments it was started with first.
 ARGUMENTS_FILE = "arguments.json"
-RUN_FILES = (ARGUMENTS_FILE, "history.json", "history.csv", "backup", "last.keras", "logs",
-             "model.keras", "backbone.keras", "labels.txt", "result.json")
+RUN_FILES = (ARGUMENTS_FILE, "history.json", "history.csv", "backup", "last.keras",
+             "checkpoints", "logs", "model.keras", "backbone.keras", "labels.txt", "result.json")
 # Flags that leave what a run computes unchanged.
-NOT_RUN_ARGUMENTS = ("debug", "verbose", "overwrite", "run_dir")
+NOT_RUN_ARGUMENTS = ("debug", "verbose", "overwrite", "run_dir", "keep_checkpoints")
 
 
 def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentParser:
@@ -89,6 +89,9 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                      help="evaluate on the first N held-out images only")
     fit.add_argument("--run-dir", default=None,
                      help="the run's folder, one run a folder (default: runs/<dataset>)")
+    fit.add_argument("--keep-checkpoints", type=positive_int, default=1, metavar="K",
+                     help="keep the models of the last K epochs (run folder's "
+                          "checkpoints/epoch-NNN.keras) as well as last.keras, the latest")
     fit.add_argument("--overwrite", action="store_true",
                      help="clear the run folder's files and start anew, where it holds a "
                           "finished run or one with other arguments")
@@ -308,7 +311,8 @@ def run_training(args) -> dict:
                              learning_rate=args.learning_rate,
                              distribution=distribution,
                              jit_compile=JIT_COMPILE[args.jit_compile],
-                             steps_per_execution=args.steps_per_execution)
+                             steps_per_execution=args.steps_per_execution,
+                             keep_checkpoints=args.keep_checkpoints)
     return write_results(args, run_dir, model, names, num_classes, history, eval_batches,
                          started, fit_started)
 

@@ -1,5 +1,6 @@
 """Training recipes as data, and the pieces model.fit needs for them: schedules, optimizers
-with weight decay on kernels only, callbacks that let an interrupted run resume."""
+with weight decay on kernels only and per-layer learning rates for fine-tuning, callbacks that
+let an interrupted run resume."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 
 import keras
 from keras import ops
 
-from vit_keras import distribute
+from vit_keras import configs, distribute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +41,22 @@ class Recipe:
     gradient_accumulation_steps: int | None = None
     crop: str = "inception"
     flip: bool = True
+    layer_decay: float | None = None  # fine-tuning: block i's rate times decay^(depth - i)
+    head_lr_multiplier: float = 1.0  # fine-tuning: the head's rate times this
     source: str = ""
+
+    def __post_init__(self):
+        if self.layer_decay is not None and not (_is_number(self.layer_decay)
+                                                 and 0 < self.layer_decay <= 1):
+            raise ValueError(f"layer_decay {self.layer_decay!r}: expected a number in (0, 1] "
+                             "(1 or None: no decay)")
+        if not (_is_number(self.head_lr_multiplier) and self.head_lr_multiplier > 0):
+            raise ValueError(f"head_lr_multiplier {self.head_lr_multiplier!r}: expected a "
+                             "positive number (1: the head trains at the base rate)")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 RECIPES: dict[str, Recipe] = {
@@ -132,21 +149,132 @@ def warmup_steps(recipe: Recipe, total_steps: int) -> int:
 def make_optimizer(recipe: Recipe, model: keras.Model, total_steps: int,
                    learning_rate: float | None = None) -> keras.optimizers.Optimizer:
     """The recipe's optimizer; weight decay applies to kernels only (not biases, norms,
-    class token or position embeddings), as big_vision does."""
+    class token or position embeddings), as big_vision does. With the recipe's layer_decay or
+    head_lr_multiplier, the optimizer scales each variable's rate by layer_rates."""
     schedule = WarmupSchedule(learning_rate or recipe.learning_rate, total_steps,
                               warmup_steps(recipe, total_steps), recipe.schedule)
     common = dict(learning_rate=schedule, global_clipnorm=recipe.clipnorm,
                   use_ema=recipe.ema_momentum is not None,
                   ema_momentum=recipe.ema_momentum or 0.99,
                   gradient_accumulation_steps=recipe.gradient_accumulation_steps)
+    if recipe.layer_decay not in (None, 1) or recipe.head_lr_multiplier != 1:
+        classes = dict(adamw=LayerwiseAdamW, sgd=LayerwiseSGD)
+        common["rate_multipliers"] = layer_rates(model, recipe.layer_decay,
+                                                 recipe.head_lr_multiplier)
+    else:
+        classes = dict(adamw=keras.optimizers.AdamW, sgd=keras.optimizers.SGD)
     if recipe.optimizer == "adamw":
-        optimizer = keras.optimizers.AdamW(weight_decay=recipe.weight_decay, beta_1=0.9,
-                                           beta_2=recipe.beta_2, **common)
+        optimizer = classes["adamw"](weight_decay=recipe.weight_decay, beta_1=0.9,
+                                     beta_2=recipe.beta_2, **common)
         optimizer.exclude_from_weight_decay(var_list=no_decay_variables(model))
         return optimizer
     if recipe.optimizer == "sgd":
-        return keras.optimizers.SGD(momentum=recipe.momentum, **common)
+        return classes["sgd"](momentum=recipe.momentum, **common)
     raise ValueError(f"unknown optimizer {recipe.optimizer!r}: expected 'adamw' or 'sgd'")
+
+
+def layer_rates(model: keras.Model, layer_decay: float | None = None,
+                head_multiplier: float = 1.0) -> dict[str, float]:
+    """Each trainable variable's learning-rate multiplier, by variable path (those other than
+    1), for layer-wise rate decay as MAE and BEiT fine-tune (facebookresearch/mae
+    util/lr_decay.py, after BEiT's optim_factory.py): of a model with L encoder blocks, the
+    layers it runs before its first block (patch embedding, class and other tokens, position
+    embedding, a hybrid's ResNet stem) are layer 0, block i (from 0) is layer i + 1, and the
+    layers after the blocks (final norm, pre_logits, head) are layer L + 1; layer j's rate is
+    scaled by decay^(L + 1 - j). So block i trains at decay^(L - i), the embeddings at
+    decay^(L + 1), the final norm and head at the full rate; the head (head, head_dist) then
+    also times head_multiplier. timm's param_groups_layer_decay differs in one place: it counts
+    the final norm with the last block (decay^1)."""
+    decay = layer_decay or 1.0
+    blocks = {layer.name: int(layer.name[len(configs.BLOCK_PREFIX):]) for layer in model.layers
+              if re.fullmatch(re.escape(configs.BLOCK_PREFIX) + r"\d+", layer.name)}
+    names = [layer.name for layer in model.layers]
+    if decay != 1 and not blocks:
+        raise ValueError(f"layer_decay needs a model whose encoder blocks are layers named "
+                         f"{configs.block_name(0)}, ...; model {model.name!r} has none")
+    heads = {configs.HEAD, configs.HEAD_DIST} & set(names)
+    if head_multiplier != 1 and not heads:
+        raise ValueError(f"head_lr_multiplier needs a model with a layer named "
+                         f"{configs.HEAD!r}; model {model.name!r} has none (include_top=False?)")
+    depth = len(blocks)
+    first_block = min((names.index(name) for name in blocks), default=len(names))
+    rates = {}
+    for position, layer in enumerate(model.layers):
+        if layer.name in blocks:
+            layer_id = blocks[layer.name] + 1
+        else:
+            layer_id = 0 if position < first_block else depth + 1
+        rate = decay ** (depth + 1 - layer_id) * (head_multiplier if layer.name in heads else 1)
+        rates.update({variable.path: rate for variable in layer.trainable_weights
+                      if rate != 1})
+    return rates
+
+
+class LayerwiseRates:
+    """For a Keras optimizer class: each variable's learning rate times its multiplier
+    (rate_multipliers, by variable path; 1 for the rest). Keras 3 optimizers take one rate for
+    all variables; this one groups the variables by multiplier and runs its optimizer's own
+    update on each group with the rate scaled, so each backend's update path and gradient
+    accumulation stay Keras' own. Decoupled weight decay scales with the rate too (Keras
+    multiplies it by the rate, as timm's parameter groups do), and the multipliers are saved
+    with the optimizer in .keras files."""
+
+    def __init__(self, *args, rate_multipliers: dict[str, float] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rate_multipliers = dict(rate_multipliers or {})
+        self._rate_scale = 1.0
+
+    def build(self, variables):
+        super().build(variables)
+        unknown = sorted(set(self.rate_multipliers) - {v.path for v in variables})
+        if unknown:
+            raise ValueError(f"rate multipliers for {len(unknown)} variable(s) the optimizer "
+                             f"does not train, e.g. {unknown[0]!r}")
+        self._multipliers = [self.rate_multipliers.get(v.path, 1.0) for v in variables]
+
+    def _groups(self, variables, values=None):
+        """[(multiplier, its variables, their values)] in the order multipliers first occur."""
+        groups = {}
+        for index, variable in enumerate(variables):
+            multiplier = self._multipliers[self._get_variable_index(variable)]
+            groups.setdefault(multiplier, []).append(index)
+        return [(multiplier, [variables[i] for i in indices],
+                 [values[i] for i in indices] if values is not None else None)
+                for multiplier, indices in groups.items()]
+
+    def _get_current_learning_rate(self):
+        rate = super()._get_current_learning_rate()
+        return rate if self._rate_scale == 1 else rate * self._rate_scale
+
+    def _apply_weight_decay(self, variables):
+        if self.weight_decay is None:
+            return
+        decayed = [variable for variable in variables if self._use_weight_decay(variable)]
+        for multiplier, group, _ in self._groups(decayed):
+            self._rate_scale = multiplier  # Keras' weight decay reads the current rate
+            try:
+                super()._apply_weight_decay(group)
+            finally:
+                self._rate_scale = 1.0
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        for multiplier, group, group_grads in self._groups(trainable_variables, grads):
+            super()._backend_update_step(
+                group_grads, group, learning_rate if multiplier == 1 else
+                learning_rate * multiplier)
+
+    def get_config(self):
+        return {**super().get_config(), "rate_multipliers": dict(self.rate_multipliers)}
+
+
+@keras.saving.register_keras_serializable(package="vit_keras")
+class LayerwiseAdamW(LayerwiseRates, keras.optimizers.AdamW):
+    """AdamW with a learning-rate multiplier per variable (LayerwiseRates)."""
+
+
+@keras.saving.register_keras_serializable(package="vit_keras")
+class LayerwiseSGD(LayerwiseRates, keras.optimizers.SGD):
+    """SGD with a learning-rate multiplier per variable (LayerwiseRates)."""
 
 
 def no_decay_variables(model: keras.Model) -> list:
@@ -212,8 +340,35 @@ class HistoryFile(keras.callbacks.Callback):
         os.replace(tmp, os.path.splitext(self.path)[0] + ".csv")
 
 
-def callbacks(run_dir: str, tensorboard: bool = True) -> list[keras.callbacks.Callback]:
-    """Checkpoint, resume, logs and NaN guard for a run kept in run_dir."""
+class KeptCheckpoints(keras.callbacks.Callback):
+    """The model after each epoch as folder/epoch-NNN.keras (epochs counted from 1), the
+    newest `keep` of them kept and older ones removed, across resumed runs too."""
+
+    def __init__(self, folder: str, keep: int):
+        super().__init__()
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep_checkpoints {keep!r}: expected a whole number of at least 1")
+        self.folder, self.keep = folder, keep
+
+    def saved(self) -> list[str]:
+        """The checkpoints in the folder, oldest first."""
+        found = [name for name in os.listdir(self.folder)
+                 if re.fullmatch(r"epoch-\d+\.keras", name)] if os.path.isdir(self.folder) else []
+        return [os.path.join(self.folder, name)
+                for name in sorted(found, key=lambda name: int(name[6:-6]))]
+
+    def on_epoch_end(self, epoch, logs=None):
+        os.makedirs(self.folder, exist_ok=True)
+        self.model.save(os.path.join(self.folder, f"epoch-{epoch + 1:03d}.keras"))
+        for path in self.saved()[:-self.keep]:
+            os.remove(path)
+
+
+def callbacks(run_dir: str, tensorboard: bool = True,
+              keep_checkpoints: int = 1) -> list[keras.callbacks.Callback]:
+    """Checkpoint, resume, logs and NaN guard for a run kept in run_dir: last.keras is the
+    latest epoch's model; keep_checkpoints above 1 also keeps the last that many epochs' models
+    in run_dir/checkpoints (KeptCheckpoints). Resuming reads run_dir/backup."""
     os.makedirs(run_dir, exist_ok=True)
     found = [
         keras.callbacks.TerminateOnNaN(),
@@ -224,6 +379,8 @@ def callbacks(run_dir: str, tensorboard: bool = True) -> list[keras.callbacks.Ca
                                          double_checkpoint=True),
         keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "last.keras")),
     ]
+    if keep_checkpoints != 1:
+        found.append(KeptCheckpoints(os.path.join(run_dir, "checkpoints"), keep_checkpoints))
     if tensorboard:
         found.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "logs")))
     return found
@@ -233,18 +390,19 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
           run_dir: str, validation_data=None, validation_freq: int = 1,
           learning_rate: float | None = None,
           distribution=None, jit_compile: bool | str = "auto", steps_per_execution: int = 1,
-          verbose="auto", compile=compile_model) -> dict[int, dict]:
+          verbose="auto", compile=compile_model, keep_checkpoints: int = 1) -> dict[int, dict]:
     """model.fit with the recipe's optimizer and the resumable callbacks; returns the
     complete per-epoch history (including epochs run before an interruption).
     distribution: a vit_keras.distribute.Distribution whose scope the model was built in.
     compile: compile_model's signature; another objective's (vit_keras.masked) for models
-    that are not classifiers."""
+    that are not classifiers. keep_checkpoints: the epochs whose models the run keeps
+    (callbacks)."""
     distribution = distribution or distribute.choose("none")
     with distribution.scope():
         compile(model, recipe, epochs * steps_per_epoch, learning_rate,
                 jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     distribute.prepare_model(model, distribution)
-    run_callbacks = callbacks(run_dir)
+    run_callbacks = callbacks(run_dir, keep_checkpoints=keep_checkpoints)
     model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
               validation_data=validation_data, validation_freq=validation_freq,
               callbacks=run_callbacks, verbose=verbose)

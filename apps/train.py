@@ -12,6 +12,7 @@ from the last finished epoch; a finished run, or other arguments, are refused un
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import time
@@ -257,7 +258,8 @@ def write_results(args, run_dir, model, names, num_classes, history, eval_batche
     model_path = os.path.join(run_dir, "model.keras")
     (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
     result = {"epochs": len(history), "fit_seconds": round(time.time() - fit_started, 1),
-              "model": model_path}
+              "model": model_path, "trainable_parameters": sum(
+                  int(math.prod(weight.shape)) for weight in model.trainable_weights)}
     if eval_batches is not None:
         scores = model.evaluate(eval_batches, return_dict=True, verbose=0)
         split = "validation" if args.validation_split else "test"

@@ -157,6 +157,30 @@ def finetune_memory_block() -> str:
     return table(["backend", "variant, batch", "setting", "trainable parameters", "model MiB",
                   "peak MiB", "added by training MiB"], rows)
 
+
+def finetune_lora_block() -> str:
+    """The main job's model, then fine-tuned in full and with LoRA (apps.finetune's
+    result.json of each run, kept in docs/finetune/lora/)."""
+    before = _json("mainjob/result.json")
+    rows = [["before (the main job's model)", "", f"{before['test_accuracy']:.2%}",
+             f"{before['test_top5']:.2%}"]]
+    for name, training in (("full", "full fine-tune"),
+                           ("rank8", "LoRA rank 8 on query and value")):
+        run = _json(f"finetune/lora/{name}.json")
+        rows.append([training, f"{run['trainable_parameters']:,}",
+                     f"{run['test_accuracy']:.2%}", f"{run['test_top5']:.2%}"])
+    return table(["training", "trainable parameters", "test top-1", "test top-5"], rows)
+
+
+def finetune_quantization_block() -> str:
+    """apps.evaluate's evaluation.json for each weight format, in
+    docs/finetune/quantization/FORMAT/."""
+    rows = [[weights, f"{report['top1']:.2%}", f"{report['top5']:.2%}"]
+            for weights in ("float32", "int8", "float8", "int4")
+            for report in [_json(f"finetune/quantization/{weights}/evaluation.json")]]
+    return table(["weights", "top-1", "top-5"], rows)
+
+
 def bench_block(folder: str = "bench") -> str:
     return markdown(_reports(folder))
 
@@ -179,6 +203,8 @@ def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "readmemainjob": readme_mainjob_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
+          "finetunelora": finetune_lora_block,
+          "finetunequantization": finetune_quantization_block,
           "revisions": revisions_block,
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,

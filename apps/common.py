@@ -22,7 +22,8 @@ USER_ERRORS = (ValueError, OSError, zipfile.BadZipFile)
 # The library's names for what some flags choose from, spelled here so that a parser needs no
 # Keras; tests/test_cli.py checks each against the library's own table.
 CLASSIFIERS = ("token", "gap")  # vit_keras.models.CLASSIFIERS
-POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none")  # position_embeddings
+POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none",
+                       "relative")  # position_embeddings.POSITION_EMBEDDINGS
 ATTENTION_KERNELS = ("auto", "fused", "einsum")  # kernels.ATTENTION_KERNELS
 RECIPES = ("fashion_mnist", "finetune", "mpp", "pretrain", "scratch")  # training.RECIPES
 LORA_TARGETS = ("query", "key", "value", "out", "Dense_0", "Dense_1")  # lora.TARGETS

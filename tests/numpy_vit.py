@@ -114,7 +114,44 @@ def resnet(params, x, stage_units, width):
     return x
 
 
-def encoder_block(x, p, heads, approximate):
+def relative_offsets(table, patches):
+    """A relative-position table of 2N - 1 offsets read at the 2 * patches - 1 offsets of
+    another sequence: offset o at o (N - 1) / (patches - 1), linearly between the two rows
+    around it."""
+    n = (len(table) + 1) // 2
+    rows = []
+    for offset in range(-(patches - 1), patches):
+        source = offset * (n - 1) / max(patches - 1, 1) + (n - 1)
+        low = int(math.floor(source))
+        high = min(low + 1, len(table) - 1)
+        rows.append(table[low] * (1 - (source - low)) + table[high] * (source - low))
+    return np.array(rows)
+
+
+def relative_bias(q, table, prefix_table, num_prefix):
+    """The paper's relative attention logits (Appendix D.4), pair by pair: q (B, heads, T, dh)
+    dotted with the embedding of the pair's offset, over sqrt(dh). Patches i, j use table row
+    (i - j) + N - 1 (fitted to N by relative_offsets); pairs with one of the num_prefix tokens
+    before them use prefix_table[0] token->token, [1] token->patch, [2] patch->token."""
+    b, heads, t, dh = q.shape
+    n = t - num_prefix
+    if len(table) != 2 * n - 1:
+        table = relative_offsets(table, n)
+    bias = np.zeros((b, heads, t, t))
+    for i in range(t):
+        for j in range(t):
+            if i < num_prefix:
+                r = prefix_table[0] if j < num_prefix else prefix_table[1]
+            elif j < num_prefix:
+                r = prefix_table[2]
+            else:
+                r = table[i - j + n - 1]
+            bias[:, :, i, j] = np.einsum("bhd,hd->bh", q[:, :, i], r) / math.sqrt(dh)
+    return bias
+
+
+def encoder_block(x, p, heads, approximate, relative_prefix=None):
+    """relative_prefix: the tokens before the patches, for a posemb="relative" block."""
     b, t, d = x.shape
     dh = d // heads
     y = layer_norm(x, p["LayerNorm_0/scale"], p["LayerNorm_0/bias"])
@@ -124,7 +161,12 @@ def encoder_block(x, p, heads, approximate):
         .reshape(b, t, heads, dh).transpose(0, 2, 1, 3)
         for n in ("query", "key", "value")
     )
-    probs = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh))
+    logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
+    if relative_prefix is not None:
+        logits = logits + relative_bias(q, p[att + "relative_embedding"],
+                                        p.get(att + "prefix_relative_embedding"),
+                                        relative_prefix)
+    probs = softmax(logits)
     out = (probs @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
     x = x + out @ p[att + "out/kernel"].reshape(d, d) + p[att + "out/bias"]
     y = layer_norm(x, p["LayerNorm_2/scale"], p["LayerNorm_2/bias"])
@@ -134,10 +176,11 @@ def encoder_block(x, p, heads, approximate):
 
 def forward(params, images, *, patch, heads, layers, classifier="token", posemb=None,
             approximate=True, representation=False, return_attention=False, resnet_stages=None,
-            resnet_width=64, return_blocks=False):
+            resnet_width=64, return_blocks=False, relative_prefix=None):
     """Logits of the paper's model; posemb is the (tokens, D) table to add, or None.
     resnet_stages (units per stage, () for the root alone) makes it a hybrid.
-    return_blocks: also return every block's output tokens and the pooled representation."""
+    return_blocks: also return every block's output tokens and the pooled representation.
+    relative_prefix: a posemb="relative" model's tokens before the patches (encoder_block)."""
     if resnet_stages is not None:
         images = resnet(params, images, resnet_stages, resnet_width)
     kernel = params["embedding/kernel"]
@@ -151,7 +194,7 @@ def forward(params, images, *, patch, heads, layers, classifier="token", posemb=
     for i in range(layers):
         prefix = f"Transformer/encoderblock_{i}/"
         block = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        x, probs = encoder_block(x, block, heads, approximate)
+        x, probs = encoder_block(x, block, heads, approximate, relative_prefix)
         attention.append(probs)
         blocks.append(x)
     x = layer_norm(x, params["Transformer/encoder_norm/scale"],

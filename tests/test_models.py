@@ -311,7 +311,7 @@ def test_int8_quantized_mlp_computes_with_its_quantized_kernels():
     (dict(image_size=(32, 30)), "image_size 30 is not divisible by patch size 8"),
     (dict(variant="Z/16"), r"unknown variant 'Z/16'.*known variants: Ti/16"),
     (dict(classifier="map"), "unknown classifier 'map': expected one of token, gap"),
-    (dict(posemb="relative"), "unknown position embedding 'relative': expected one of learned"),
+    (dict(posemb="rotary"), "unknown position embedding 'rotary': expected one of learned"),
     (dict(variant={**TINY, "num_heads": 3}), "num_heads 3 does not divide hidden_size 32"),
     (dict(dropout_rate=1.5), r"dropout_rate must be in \[0, 1\), got 1.5"),
     (dict(num_classes=0), "num_classes must be a positive int, got 0"),

@@ -1,7 +1,9 @@
 """Every backend-specific kernel choice of the model, behind one switch each, so that the
 layers read as the paper. This is the only module of the model that names a backend.
 
-attention, softmax(q k^T / sqrt(D_h)) v over (batch, tokens, heads, D_h) tensors:
+attention, softmax(q k^T / sqrt(D_h) + bias) v over (batch, tokens, heads, D_h) tensors, the
+optional bias (batch, heads, tokens, tokens) added to the logits (relative position
+embeddings):
 - "einsum": keras.ops einsums in head-major layout, softmax in float32; the only kernel that
   can return the probabilities or apply attention dropout, so those always take it.
 - "fused": the backend's fused kernel: PyTorch's scaled_dot_product_attention, called
@@ -52,52 +54,59 @@ def uses_fused(kernel: str) -> bool:
     return kernel == "fused" or (kernel == "auto" and backend_has_fused_attention())
 
 
-def einsum_attention(query, key, value, dropout=None, training=None):
+def einsum_attention(query, key, value, dropout=None, training=None, bias=None):
     """(attended values (batch, tokens, heads, D_h), probabilities (batch, heads, tokens,
-    tokens)); the query is scaled before its dot with the keys, as Flax does."""
+    tokens)); the query is scaled before its dot with the keys, as Flax does, and the bias
+    added to the logits in float32."""
     query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
     query = query / ops.cast(math.sqrt(ops.shape(query)[-1]), query.dtype)
-    logits = ops.einsum("bhqk,bhtk->bhqt", query, key)
-    probs = ops.cast(ops.softmax(ops.cast(logits, "float32"), axis=-1), value.dtype)
+    logits = ops.cast(ops.einsum("bhqk,bhtk->bhqt", query, key), "float32")
+    if bias is not None:
+        logits = logits + ops.cast(bias, "float32")
+    probs = ops.cast(ops.softmax(logits, axis=-1), value.dtype)
     weights = dropout(probs, training=training) if dropout is not None else probs
     attended = ops.einsum("bhqt,bhtk->bhqk", weights, value)
     return ops.transpose(attended, (0, 2, 1, 3)), probs
 
 
-def fused_attention(query, key, value):
+def fused_attention(query, key, value, bias=None):
     """The fused kernel on (batch, tokens, heads, D_h) tensors. PyTorch's is called directly:
     Keras' op first probes which of torch's kernels applies, which costs an eager call time
-    and breaks torch.compile's graph at every attention."""
+    and breaks torch.compile's graph at every attention. A float attn_mask is PyTorch's
+    additive bias."""
+    if bias is not None:
+        bias = ops.cast(bias, query.dtype)
     if on_torch():
         import torch
 
         query, key, value = (t.transpose(1, 2) for t in (query, key, value))
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value).transpose(1, 2)
-    return ops.dot_product_attention(query, key, value)
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=bias).transpose(1, 2)
+    return ops.dot_product_attention(query, key, value, bias=bias)
 
 
 def attention(query, key, value, kernel: str = "auto", dropout=None, training=None,
-              return_probabilities: bool = False):
+              return_probabilities: bool = False, bias=None):
     """Attended values, and the probabilities (None from the fused kernel). dropout: a Keras
-    Dropout layer for the probabilities, or None."""
+    Dropout layer for the probabilities, or None; bias: added to the logits, or None."""
     if return_probabilities or dropout is not None or not uses_fused(kernel):
-        return einsum_attention(query, key, value, dropout, training)
-    return fused_attention(query, key, value), None
+        return einsum_attention(query, key, value, dropout, training, bias)
+    return fused_attention(query, key, value, bias), None
 
 
-def multi_head_attention(query, key, value, num_heads: int, kernel: str = "auto"):
+def multi_head_attention(query, key, value, num_heads: int, kernel: str = "auto", bias=None):
     """attention() on (batch, tokens, heads * D_h) projections, in and out: the heads split
     and merged around the kernel."""
     if on_torch():
         batch, tokens, width = query.shape
         heads = (batch, tokens, num_heads, width // num_heads)
         query, key, value = (t.reshape(heads) for t in (query, key, value))
-        attended, _ = attention(query, key, value, kernel)
+        attended, _ = attention(query, key, value, kernel, bias=bias)
         return attended.reshape(batch, tokens, width)
     batch, tokens, width = ops.shape(query)
     heads = (batch, tokens, num_heads, width // num_heads)
     query, key, value = (ops.reshape(t, heads) for t in (query, key, value))
-    attended, _ = attention(query, key, value, kernel)
+    attended, _ = attention(query, key, value, kernel, bias=bias)
     return ops.reshape(attended, (batch, tokens, width))
 
 

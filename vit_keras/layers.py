@@ -14,7 +14,11 @@ from keras import ops
 
 from vit_keras import kernels
 from vit_keras.configs import as_pair
-from vit_keras.position_embeddings import AddPositionEmbedding
+from vit_keras.position_embeddings import (
+    POSITION_EMBEDDINGS,
+    AddPositionEmbedding,
+    check_position_embedding,
+)
 
 __all__ = ["AddPositionEmbedding", "ClassToken", "LayerScale", "MlpBlock",
            "MultiHeadDotProductAttention", "PatchDropout", "PatchEmbedding", "PrefixTokens",
@@ -273,6 +277,10 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     biases of query, key and value (timm's qkv_bias=False); out keeps its bias.
     qk_norm: a LayerNorm over each head's query and key before their product (Dehghani et al.
     2023; timm's qk_norm), with norm_epsilon. proj_bias=False: out without bias.
+    position_bias: a kind of position embedding that biases the logits (biases_attention in
+    vit_keras.position_embeddings, "relative"), whose weights this layer then holds, for
+    sequences of num_prefix_tokens tokens followed by num_patches patches (another count of
+    patches fitted by the kind's rule); None for none.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
@@ -280,8 +288,12 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     def __init__(self, num_heads: int, dropout_rate: float = 0.0,
                  attention_kernel: str = "auto", qkv_bias: bool = True, qk_norm: bool = False,
                  norm_epsilon: float = LAYER_NORM_EPSILON, proj_bias: bool = True,
-                 sublayers: dict | None = None, **kwargs):
+                 position_bias: str | None = None, num_patches: int | None = None,
+                 num_prefix_tokens: int = 0, sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.position_bias = check_position_bias(position_bias, num_patches)
+        self.num_patches = num_patches
+        self.num_prefix_tokens = num_prefix_tokens
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
         self.qkv_bias = qkv_bias
@@ -319,6 +331,15 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         self.out.build((None, self.num_heads, head_dim))
         for norm in self.qk_norms:
             norm.build((None, None, self.num_heads, head_dim))
+        if self.position_bias:
+            POSITION_EMBEDDINGS[self.position_bias].build_attention(self)
+
+    def logit_bias(self, query):
+        """What position_bias adds to the logits for query (batch, tokens, heads, D_h), or
+        None."""
+        if not self.position_bias:
+            return None
+        return POSITION_EMBEDDINGS[self.position_bias].attention_bias(self, query)
 
     def takes_direct_path(self, training=None, return_attention_scores=False) -> bool:
         """Whether call() computes the projections from their variables (vit_keras.kernels
@@ -334,8 +355,12 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         """call(x) on the direct path (takes_direct_path)."""
         query, key, value = (kernels.dense(x, layer) for layer in (self.query, self.key,
                                                                     self.value))
+        bias = None
+        if self.position_bias:
+            heads = (*ops.shape(query)[:2], self.num_heads, self.head_dim)
+            bias = self.logit_bias(ops.reshape(query, heads))
         attended = kernels.multi_head_attention(query, key, value, self.num_heads,
-                                                self.attention_kernel)
+                                                self.attention_kernel, bias=bias)
         return kernels.dense(attended, self.out)
 
     def call(self, x, training=None, return_attention_scores=False):
@@ -352,7 +377,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         attended, probs = kernels.attention(
             query, key, value, self.attention_kernel,
             dropout=self.dropout if active else None, training=training,
-            return_probabilities=return_attention_scores)
+            return_probabilities=return_attention_scores, bias=self.logit_bias(query))
         attended = ops.reshape(attended, (-1, self.num_heads, self.head_dim))
         out = ops.reshape(self.out(attended), (batch, tokens, width))
         return (out, probs) if return_attention_scores else out
@@ -365,7 +390,25 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 "dropout_rate": self.dropout_rate,
                 "attention_kernel": self.attention_kernel, "qkv_bias": self.qkv_bias,
                 "qk_norm": self.qk_norm, "norm_epsilon": self.norm_epsilon,
-                "proj_bias": self.proj_bias, "sublayers": self.sublayer_configs()}
+                "proj_bias": self.proj_bias, "position_bias": self.position_bias,
+                "num_patches": self.num_patches, "num_prefix_tokens": self.num_prefix_tokens,
+                "sublayers": self.sublayer_configs()}
+
+
+def check_position_bias(kind: str | None, num_patches: int | None) -> str | None:
+    """kind, if it is a position embedding that biases the attention logits (or None), with
+    the count of patches its weights need."""
+    if kind is None:
+        return None
+    if not POSITION_EMBEDDINGS[check_position_embedding(kind)].biases_attention:
+        biasing = [name for name, record in POSITION_EMBEDDINGS.items()
+                   if record.biases_attention]
+        raise ValueError(f"position embedding {kind!r} adds a table to the tokens, not a bias "
+                         f"to the attention logits: expected one of {', '.join(biasing)}")
+    if not isinstance(num_patches, int) or num_patches < 1:
+        raise ValueError(f"position_bias={kind!r} needs num_patches, the patches its offsets "
+                         f"are learned for (a positive int), got {num_patches!r}")
+    return kind
 
 
 @_register
@@ -479,7 +522,8 @@ class TransformerBlock(keras.layers.Layer):
     (the paper's block) for none. qkv_bias, qk_norm: see MultiHeadDotProductAttention;
     mlp_activation: see MlpBlock. norm_epsilon: every LayerNorm's (CLIP's are 1e-5).
     proj_bias=False: attention's output projection and the MLP without biases (timm's
-    proj_bias).
+    proj_bias). position_bias, num_patches, num_prefix_tokens: see
+    MultiHeadDotProductAttention (relative position embeddings).
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -488,7 +532,8 @@ class TransformerBlock(keras.layers.Layer):
                  remat: bool = False, seed: int | None = None, layer_scale: float | None = None,
                  qkv_bias: bool = True, qk_norm: bool = False, mlp_activation: str = "gelu",
                  norm_epsilon: float = LAYER_NORM_EPSILON, proj_bias: bool = True,
-                 sublayers: dict | None = None, **kwargs):
+                 position_bias: str | None = None, num_patches: int | None = None,
+                 num_prefix_tokens: int = 0, sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate):
             raise ValueError(
@@ -510,11 +555,15 @@ class TransformerBlock(keras.layers.Layer):
         self.mlp_activation = mlp_activation
         self.norm_epsilon = norm_epsilon
         self.proj_bias = proj_bias
+        self.position_bias = position_bias
+        self.num_patches = num_patches
+        self.num_prefix_tokens = num_prefix_tokens
         self.norm_0 = layer_norm("LayerNorm_0", norm_epsilon)
         sublayers = sublayers or {}
         self.attention = MultiHeadDotProductAttention(
             num_heads, attention_dropout_rate, attention_kernel, qkv_bias, qk_norm,
-            norm_epsilon, proj_bias, sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
+            norm_epsilon, proj_bias, position_bias, num_patches, num_prefix_tokens,
+            sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
             name="MultiHeadDotProductAttention_1")
         self.branch_scales = [LayerScale(layer_scale, name=f"LayerScale_{i}")
                               for i in range(2)] if layer_scale is not None else []
@@ -582,6 +631,8 @@ class TransformerBlock(keras.layers.Layer):
                 "seed": self.seed, "layer_scale": self.layer_scale, "qkv_bias": self.qkv_bias,
                 "qk_norm": self.qk_norm, "mlp_activation": self.mlp_activation,
                 "norm_epsilon": self.norm_epsilon, "proj_bias": self.proj_bias,
+                "position_bias": self.position_bias, "num_patches": self.num_patches,
+                "num_prefix_tokens": self.num_prefix_tokens,
                 "sublayers": {"MultiHeadDotProductAttention_1": self.attention.sublayer_configs(),
                               "MlpBlock_3": self.mlp.sublayer_configs()}}
 

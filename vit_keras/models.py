@@ -20,7 +20,11 @@ from vit_keras.layers import (
     check_mlp_activation,
     layer_norm,
 )
-from vit_keras.position_embeddings import AddPositionEmbedding, check_position_embedding
+from vit_keras.position_embeddings import (
+    POSITION_EMBEDDINGS,
+    AddPositionEmbedding,
+    check_position_embedding,
+)
 from vit_keras.preprocessing import MODEL_LAYER, unit_range
 from vit_keras.resnet import resnet_stem
 from vit_keras.weights import load_weights
@@ -69,7 +73,9 @@ def vit(
     The output is logits (include_top) or the pooled representation; float32 under any
     mixed-precision policy, since the read-out and head run in float32.
     classifier: "token" (the class token) or "gap" (global average pooling).
-    posemb: a kind of vit_keras.position_embeddings.POSITION_EMBEDDINGS.
+    posemb: a kind of vit_keras.position_embeddings.POSITION_EMBEDDINGS; "relative" (the
+    paper's Appendix D.4) biases each block's attention logits instead of adding a table to
+    the tokens (docs/features.md).
     approximate_gelu=True is the tanh GELU the official checkpoints were trained with;
     False gives the exact erf GELU of timm and Hugging Face.
     attention_kernel: "auto", "fused" or "einsum" (vit_keras.kernels).
@@ -112,6 +118,10 @@ def vit(
                      attention_dropout_rate=attention_dropout_rate,
                      stochastic_depth_rate=stochastic_depth_rate,
                      patch_drop_rate=patch_drop_rate)
+    if patch_drop_rate and POSITION_EMBEDDINGS[posemb].biases_attention:
+        raise ValueError(f"posemb={posemb!r} reads each token's place in the patch sequence, "
+                         f"which patch dropout takes away: build it with patch_drop_rate=0, "
+                         f"got {patch_drop_rate}")
     _check_family_options(classifier, class_token, distilled, fc_norm, representation_size,
                           num_register_tokens, mlp_activation)
     height, width = as_pair(image_size, "image_size")
@@ -128,7 +138,8 @@ def vit(
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
                      "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias,
                      "qk_norm": qk_norm, "mlp_activation": mlp_activation,
-                     "norm_epsilon": layer_norm_epsilon, "proj_bias": proj_bias}
+                     "norm_epsilon": layer_norm_epsilon, "proj_bias": proj_bias,
+                     **_position_bias(posemb, (height, width), config, tokens)}
     x = _blocks(x, config, dropout_rate, attention_dropout_rate, stochastic_depth_rate,
                 block_options)
     if not fc_norm:
@@ -185,6 +196,16 @@ def _embed(images, image_size, dynamic: bool, config: ViTConfig, posemb, tokens:
     if tokens.pre_norm:
         x = layer_norm(configs.PRE_NORM, tokens.norm_epsilon)(x)
     return x
+
+
+def _position_bias(posemb: str, image_size, config: ViTConfig, tokens: TokenLayout) -> dict:
+    """The blocks' options for a position embedding that biases the attention logits: the
+    patches of the grid it is built for, after every prefix token (registers included)."""
+    if not POSITION_EMBEDDINGS[posemb].biases_attention:
+        return {}
+    rows, cols = (side // config.cell_size for side in image_size)
+    return {"position_bias": posemb, "num_patches": rows * cols,
+            "num_prefix_tokens": tokens.num_prefix}
 
 
 def _blocks(x, config: ViTConfig, dropout_rate, attention_dropout_rate, stochastic_depth_rate,

@@ -2,12 +2,15 @@
 
 A kind says which weights it adds to the layer and which (1, tokens, D) table it adds to the
 token sequence for a grid of patches: the grid it was built for, or any other when the model
-takes images of any size (vit(dynamic_image_size=True)). A new kind is one more class
-registered with @position_embedding("name") (docs/contributing.md shows one), and
-vit(posemb=...) and the apps accept it from then on.
+takes images of any size (vit(dynamic_image_size=True)). A kind may instead bias every
+attention layer's logits (relative): then its weights live in each attention layer. A new
+kind is one more class registered with @position_embedding("name") (docs/contributing.md
+shows one), and vit(posemb=...) and the apps accept it from then on.
 """
 
 from __future__ import annotations
+
+import math
 
 import keras
 import numpy as np
@@ -31,12 +34,26 @@ def position_embedding(name: str):
 class PositionEmbedding:
     """One kind: build() adds its weights to an AddPositionEmbedding layer (its grid_size and
     num_prefix_tokens known), table() returns what is added to the tokens for a grid (ints, or
-    tensors inside a graph of unknown image size), or None."""
+    tensors inside a graph of unknown image size), or None.
+
+    A kind with biases_attention adds no table; build_attention() adds its weights to each
+    attention layer (vit_keras.layers.MultiHeadDotProductAttention, its num_heads, head_dim,
+    num_patches and num_prefix_tokens known), and attention_bias() returns what that layer
+    adds to its logits before the softmax."""
+
+    biases_attention = False
 
     def build(self, layer: AddPositionEmbedding, width: int) -> None:
         pass
 
     def table(self, layer: AddPositionEmbedding, grid):
+        return None
+
+    def build_attention(self, attention) -> None:
+        pass
+
+    def attention_bias(self, attention, query):
+        """query (batch, tokens, heads, D_h) -> (batch, heads, tokens, tokens), or None."""
         return None
 
 
@@ -56,6 +73,12 @@ def resampling_matrix(old: int, new, method: str):
         source = positions * ((old - 1) / ops.maximum(new - 1, 1))
     else:
         source = (positions + 0.5) * (old / new) - 0.5
+    return interpolation_matrix(source, old)
+
+
+def interpolation_matrix(source, old: int):
+    """(new, old) weights that read old positions at the fractional positions `source`,
+    linearly between the two neighbours (clipped to the ends)."""
     source = ops.clip(source, 0, old - 1)
     low = ops.floor(source)
     fraction = (source - low)[:, None]
@@ -174,6 +197,83 @@ class SinCos2D(PositionEmbedding):
 @position_embedding("none")
 class NoPositionEmbedding(PositionEmbedding):
     """No position information at all (the paper's ablation)."""
+
+
+# The offsets of pairs with a prefix token (class, distillation, register tokens), which has
+# no place in the patch sequence: one learned embedding each, after the 2N - 1 patch offsets.
+PREFIX_OFFSETS = ("token->token", "token->patch", "patch->token")
+
+
+@position_embedding("relative")
+class Relative(PositionEmbedding):
+    """The paper's 1-D relative attention (Appendix D.4): every offset p_q - p_k between two
+    of the N patches of the flattened (row-major) patch sequence has a learned embedding per
+    head, (2N - 1, heads, D_h) in each attention layer; the query, scaled by 1/sqrt(D_h) as for
+    the content logits, is dotted with the embedding of each key's offset, and that is added
+    to the content logits before the softmax. Nothing is added to the tokens.
+
+    Prefix tokens have no position in the sequence: pairs with one share three more learned
+    embeddings per layer, PREFIX_OFFSETS (as BEiT's relative position bias treats its class
+    token), so every prefix token sees all patches alike and the patches see it alike.
+
+    On another grid of N' patches, the offsets are read from the table by linear
+    interpolation with the ends aligned: offset o reads o (N - 1) / (N' - 1) (offset 0 stays
+    offset 0, the largest offset the largest), which is `zoom` resampling of the 2N - 1 rows.
+    """
+
+    biases_attention = True
+
+    def build_attention(self, attention):
+        heads = (attention.num_heads, attention.head_dim)
+        attention.relative_embedding = attention.add_weight(
+            name="relative_embedding", shape=(2 * attention.num_patches - 1, *heads),
+            initializer=_normal_init())
+        if attention.num_prefix_tokens:
+            attention.prefix_relative_embedding = attention.add_weight(
+                name="prefix_relative_embedding", shape=(len(PREFIX_OFFSETS), *heads),
+                initializer=_normal_init())
+
+    def attention_bias(self, attention, query):
+        tokens, prefix = ops.shape(query)[1], attention.num_prefix_tokens
+        table = offset_table(attention.relative_embedding, tokens - prefix)
+        if prefix:
+            table = ops.concatenate([table, attention.prefix_relative_embedding], axis=0)
+        query = query / ops.cast(math.sqrt(attention.head_dim), query.dtype)
+        logits = ops.einsum("bqhd,ohd->bhqo", query, ops.cast(table, query.dtype))
+        batch, heads = ops.shape(logits)[:2]
+        bias = ops.take(ops.reshape(logits, (batch, heads, -1)), relative_index(tokens, prefix),
+                        axis=2)
+        return ops.reshape(bias, (batch, heads, tokens, tokens))
+
+
+def offset_table(table, patches):
+    """A (2N - 1, ...) table of offsets between N patches, fitted to `patches` patches by
+    Relative's rule (an int, or a tensor in a graph of unknown image size)."""
+    built = (table.shape[0] + 1) // 2
+    if isinstance(patches, int) and patches == built:
+        return table
+    offsets = ops.cast(ops.arange(2 * patches - 1) - (patches - 1), "float32")
+    scale = (built - 1) / ops.maximum(ops.cast(patches, "float32") - 1, 1.0)
+    weights = interpolation_matrix(offsets * scale + (built - 1), table.shape[0])
+    fitted = ops.matmul(weights, ops.reshape(table, (table.shape[0], -1)))
+    return ops.reshape(fitted, (-1, *table.shape[1:]))
+
+
+def relative_index(tokens, prefix: int):
+    """For each (query, key) pair of `tokens` tokens (prefix tokens, then the patches), the
+    index of its logit in the query's row of (tokens, offsets) logits, flattened: the offset
+    p_q - p_k + N - 1 between patches, then PREFIX_OFFSETS after the 2N - 1 patch offsets."""
+    patches = tokens - prefix
+    offsets = 2 * patches - 1
+    row = offsets + (len(PREFIX_OFFSETS) if prefix else 0)
+    position = ops.arange(tokens) - prefix
+    query, key = position[:, None], position[None, :]
+    index = query - key + patches - 1
+    if prefix:
+        query_token, key_token = query < 0, key < 0
+        index = ops.where(query_token, ops.where(key_token, offsets, offsets + 1),
+                          ops.where(key_token, offsets + 2, index))
+    return ops.reshape(index + ops.arange(tokens)[:, None] * row, (-1,))
 
 
 def image_grid(images, stride: int):

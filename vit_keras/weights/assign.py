@@ -15,12 +15,14 @@ import keras
 import numpy as np
 
 from vit_keras import configs
-from vit_keras.weights.resample import adapt_posemb, resample_grid
+from vit_keras.weights.resample import adapt_posemb, resample_grid, resample_offsets
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # learned2d's tables: one axis each, (rows or columns, D/2).
 AXIS_POSEMB_KEYS = ("Transformer/posembed_input/row_embedding",
                     "Transformer/posembed_input/col_embedding")
+# posemb="relative": each block's table of offsets between patches (2N - 1, heads, D_h).
+RELATIVE_KEY = re.compile(r"MultiHeadDotProductAttention_1/relative_embedding$")
 # The prefix tokens a position embedding covers (class, DeiT's distillation), in order.
 EMBEDDED_PREFIX = ("cls", "dist_token/tokens")
 # The heads a new task replaces: the paper's, and DeiT's second (distilled=True).
@@ -47,6 +49,9 @@ MODEL_OPTIONS = (
      "num_register_tokens=0"),
     (re.compile(r"^dist_token/tokens$"), "DeiT's distillation token", "distilled=True",
      "distilled=False"),
+    (re.compile(r"MultiHeadDotProductAttention_1/(prefix_)?relative_embedding$"),
+     "relative position embeddings", "posemb='relative'",
+     "the checkpoint's posemb ('learned' for the official ones)"),
 )
 
 
@@ -154,6 +159,9 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
         if key in AXIS_POSEMB_KEYS and value.shape[0] != expected[0]:
             report.resampled[key] = f"{value.shape[0]} -> {expected[0]} positions ({resample})"
             value = resample_grid(value[:, None], (expected[0], 1), resample)[:, 0]
+        if RELATIVE_KEY.search(key) and value.shape[0] != expected[0]:
+            report.resampled[key] = f"{value.shape[0]} -> {expected[0]} offsets (linear)"
+            value = resample_offsets(value, expected[0])
         if tuple(value.shape) != expected:
             raise ValueError(f"{source}: shape mismatch for {key!r}: the model expects "
                              f"{expected}, the checkpoint has {tuple(value.shape)}")

@@ -32,6 +32,19 @@ def resample_grid(grid: np.ndarray, new_grid: tuple[int, int], method: str = "zo
                      f"{', '.join(RESAMPLING_METHODS)}")
 
 
+def resample_offsets(table: np.ndarray, rows: int) -> np.ndarray:
+    """A (2N - 1, ...) table of relative-position offsets fitted to `rows` = 2N' - 1 rows by
+    the rule the model applies inside (vit_keras.position_embeddings.Relative): offset o reads
+    o (N - 1) / (N' - 1), linearly between neighbours."""
+    built, patches = (table.shape[0] + 1) // 2, (rows + 1) // 2
+    offsets = np.arange(rows) - (patches - 1)
+    source = np.clip(offsets * (built - 1) / max(patches - 1, 1) + built - 1, 0, len(table) - 1)
+    low = np.floor(source).astype(int)
+    high = np.minimum(low + 1, len(table) - 1)
+    frac = (source - low).reshape(-1, *[1] * (table.ndim - 1))
+    return table[low] * (1 - frac) + table[high] * frac
+
+
 def source_grid(num_grid_tokens: int, target_grid: tuple[int, int]) -> tuple[int, int]:
     """The checkpoint's grid: square, or the model's own when the counts match."""
     side = int(round(num_grid_tokens**0.5))

@@ -28,9 +28,13 @@ def _json(path):
         return json.load(file)
 
 
+def _report_names(folder: str) -> list[str]:
+    """The JSON reports' file names in docs/FOLDER, sorted."""
+    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(DOCS, folder, "*.json")))
+
+
 def _reports(folder: str) -> list[dict]:
-    return [_json(os.path.relpath(p, DOCS))
-            for p in sorted(glob.glob(os.path.join(DOCS, folder, "*.json")))]
+    return [_json(os.path.join(folder, name)) for name in _report_names(folder)]
 
 
 def mainjob_line() -> str:
@@ -197,7 +201,8 @@ def bench_memory_block() -> str:
 
 def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str:
     reports = _reports(folder)
-    return overhead_markdown(reports) + f"\n\n{machines_sentence(reports)}"
+    return (overhead_markdown(reports, _report_names(folder))
+            + f"\n\n{machines_sentence(reports)}")
 
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,

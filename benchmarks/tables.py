@@ -94,12 +94,13 @@ def memory_markdown(reports: list[dict]) -> str:
                   "second training step MiB"], rows)
 
 
-def overhead_markdown(reports: list[dict]) -> str:
+def overhead_markdown(reports: list[dict], names: list[str] | None = None) -> str:
     """Milliseconds per forward pass (inference, no gradients) and per training step of each
     implementation, and their ratio to timm's, eager rows against timm eager and compiled ones
-    (jit_compile true) against timm under torch.compile, where the report has it."""
+    (jit_compile true) against timm under torch.compile, where the report has it. names: each
+    report's name, a last column where given, since each run times its own timm."""
     rows = []
-    for report in reports:
+    for report, name in zip(reports, names or [None] * len(reports), strict=True):
         ms = {r["implementation"]: (1000 * r["batch"] / r["infer_images_s"],
                                     1000 * r["batch"] / r["train_images_s"])
               for r in report["results"]}
@@ -108,6 +109,7 @@ def overhead_markdown(reports: list[dict]) -> str:
             forward, train = ms[r["implementation"]]
             rows.append([report["backend"], r["implementation"], format_jit(r["jit_compile"]),
                          f"{forward:.1f}", f"{forward / ms[peer][0]:.2f}x {peer}",
-                         f"{train:.1f}", f"{train / ms[peer][1]:.2f}x {peer}"])
+                         f"{train:.1f}", f"{train / ms[peer][1]:.2f}x {peer}",
+                         *([f"`{name}`"] if name else [])])
     return table(["backend", "implementation", "jit_compile", "forward ms", "forward vs timm",
-                  "train step ms", "train step vs timm"], rows)
+                  "train step ms", "train step vs timm", *(["report"] if names else [])], rows)

@@ -153,21 +153,81 @@ MISTAKES = [
 ]
 
 
+# Each case as `python -m APP ARGV` runs it (the module as __main__, its stderr captured), all
+# in one process so that the interpreter and TensorFlow start once; the process's own stderr
+# keeps what reaches file descriptor 2 directly, as TensorFlow's start-up lines would.
+RUN_CASES = """
+import contextlib, io, json, os, runpy, sys
+results = []
+for module, argv, cwd in json.loads(sys.argv[1]):
+    os.chdir(cwd)
+    sys.argv = [module, *argv]
+    code, err = 0, io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as exit:
+            code = exit.code
+    results.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def write_class_folder(tmp_path, classes):
+    for label in classes:
+        (tmp_path / "images" / label).mkdir(parents=True)
+        Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "images" / label /
+                                                              "0.png")
+
+
+CASES = {
+    **{message[:30]: (argv, message) for argv, message in MISTAKES},
+    "debug": (["apps.evaluate", "truncated.keras", "--debug"], "is not a readable .keras file"),
+    "three classes": (["apps.export", "model.keras", "--out", "new", "--folder", "images"],
+                      "the data has 3 classes but the model has 2"),
+    "no data": (["apps.export", "model.keras", "--out", "new"],
+                "does not say what 'model.keras' was trained on; pass --dataset or --folder"),
+}
+
+
+@pytest.fixture(scope="module")
+def mistakes(tmp_path_factory):
+    """Each case's folder, exit status and stderr."""
+    cases, folders = [], {}
+    for name, (argv, _) in CASES.items():
+        folder = write_bad_files(tmp_path_factory.mktemp("case"))
+        if name == "three classes":
+            write_class_folder(folder, ("a", "b", "c"))  # three classes for a two-class model
+        cases.append((argv[0], argv[1:], str(folder)))
+        folders[name] = folder
+    done = app(command=[sys.executable, "-c", RUN_CASES, json.dumps(cases)])
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout.splitlines()[-1])
+    return {"process_stderr": done.stderr,
+            **{name: {**result, "folder": folders[name]}
+               for name, result in zip(CASES, results, strict=True)}}
+
+
 @pytest.mark.parametrize("argv, message", MISTAKES, ids=[m[1][:30] for m in MISTAKES])
-def test_a_mistake_ends_with_one_clear_line_and_no_traceback(tmp_path, argv, message):
-    done = app(*argv, cwd=write_bad_files(tmp_path))
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    assert message in done.stderr
-    assert "Traceback" not in done.stderr
-    assert "cpu_feature_guard" not in done.stderr and "oneDNN" not in done.stderr
-    assert (tmp_path / "out" / "keep.txt").read_text() == "mine"  # nothing overwritten
-    assert not (tmp_path / "runs").exists()  # nor a run folder begun
+def test_a_mistake_ends_with_one_clear_line_and_no_traceback(mistakes, argv, message):
+    done = mistakes[message[:30]]
+    assert done["code"] == 2, done
+    assert message in done["stderr"]
+    assert "Traceback" not in done["stderr"]
+    assert (done["folder"] / "out" / "keep.txt").read_text() == "mine"  # nothing overwritten
+    assert not (done["folder"] / "runs").exists()  # nor a run folder begun
 
 
-def test_debug_shows_the_traceback(tmp_path):
-    done = app("apps.evaluate", "truncated.keras", "--debug", cwd=write_bad_files(tmp_path))
-    assert done.returncode == 2
-    assert "Traceback" in done.stderr and "is not a readable .keras file" in done.stderr
+def test_tensorflow_starts_quietly_under_the_apps(mistakes):
+    assert "cpu_feature_guard" not in mistakes["process_stderr"]
+    assert "oneDNN" not in mistakes["process_stderr"]
+    assert "Traceback" not in mistakes["process_stderr"]
+
+
+def test_debug_shows_the_traceback(mistakes):
+    done = mistakes["debug"]
+    assert done["code"] == 2
+    assert "Traceback" in done["stderr"] and "is not a readable .keras file" in done["stderr"]
 
 
 def test_verbose_brings_tensorflow_log_lines_back(tmp_path):
@@ -177,24 +237,10 @@ def test_verbose_brings_tensorflow_log_lines_back(tmp_path):
     assert len(loud.stderr) > len(quiet.stderr)
 
 
-def test_export_refuses_data_with_another_class_count(tmp_path):
-    write_bad_files(tmp_path)
-    for label in ("a", "b", "c"):  # three classes for a two-class model
-        (tmp_path / "images" / label).mkdir(parents=True)
-        Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(tmp_path / "images" / label /
-                                                              "0.png")
-    done = app("apps.export", "model.keras", "--out", "new", "--folder", "images",
-               cwd=tmp_path)
-    assert done.returncode == 2
-    assert "the data has 3 classes but the model has 2" in done.stderr
-
-
-def test_export_without_data_says_what_to_pass(tmp_path):
-    write_bad_files(tmp_path)
-    done = app("apps.export", "model.keras", "--out", "new", cwd=tmp_path)
-    assert done.returncode == 2
-    assert "does not say what 'model.keras' was trained on; pass --dataset or --folder" in \
-        done.stderr
+@pytest.mark.parametrize("name", ["three classes", "no data"])
+def test_export_says_what_is_wrong_with_its_data(mistakes, name):
+    assert mistakes[name]["code"] == 2
+    assert CASES[name][1] in mistakes[name]["stderr"]
 
 
 def test_console_script_runs_the_apps():

@@ -17,11 +17,18 @@ import pytest  # noqa: E402
 
 pytest_plugins = ["pytester", "tests.budget"]
 
-# For tests whose outcome cannot depend on the Keras backend (file formats, argument parsing,
-# tf.data pipelines, TensorFlow-only export, text checks): run once, in the TensorFlow pass.
+# For tests whose outcome cannot depend on the Keras backend (argument parsing, file formats,
+# tf.data pipelines, the apps' and experiments' smoke runs, text checks): run once, in the
+# PyTorch pass, where small models train eagerly, without tracing or compiling a graph first.
 backend_independent = pytest.mark.skipif(
+    keras.backend.backend() != "torch",
+    reason="backend-independent: checked once, in the suite's PyTorch pass")
+# For tests that need TensorFlow itself (export to SavedModel, TFLite and ONNX), or that run
+# as a reader runs them under Keras' default backend (the docs' examples): run once, in the
+# TensorFlow pass.
+in_tensorflow_pass = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow",
-    reason="backend-independent: checked once, in the suite's TensorFlow pass")
+    reason="checked once, in the suite's TensorFlow pass")
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 

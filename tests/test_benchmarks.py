@@ -393,8 +393,6 @@ def test_every_family_by_name_matches_timms_own_architecture():
 
 
 @backend_independent
-@pytest.mark.over_budget(reason="the experiment's three training runs (pre-train, fine-tune, "
-                                "scratch) and two probes, each through the apps on its own model")
 def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
     from benchmarks import masked_patch
 
@@ -407,13 +405,14 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
     assert report["pretrain_then_finetune"]["epochs"] == 1 and report["scratch"]["epochs"] == 2
     for probe in report["probes"].values():
         assert list(probe["few_shot"]) == ["1", "5", "10", "25"]
-        assert 0.0 <= probe["linear_probe"] <= 1.0 and probe["probe_train_images"] == 300
-        assert probe["probe_test_images"] == 300
+        assert probe["probe_train_images"] == probe["probe_test_images"] == 300
+        # features of either backbone separate Fashion-MNIST's classes well above chance (0.1)
+        assert probe["linear_probe"] > 0.4 and probe["few_shot"]["25"] > 0.3
+    pretrained, random_init = report["probes"].values()
+    assert pretrained != random_init  # each probe read its own backbone
 
 
 @backend_independent
-@pytest.mark.over_budget(reason="two fine-tuning runs of the committed main-job model through "
-                                "the apps, at two image sizes")
 def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     from benchmarks import resolution
 

@@ -1,5 +1,8 @@
 """Every example in README.md and docs/*.md runs as written: each page's Python blocks and
-shell commands, in order, each in a fresh process, in one scratch folder per page.
+shell commands, in order, each in a fresh process, in one scratch folder per page. A Python
+block's process is forked from one that has imported vit_keras and TensorFlow already, so
+that each block does not pay for those imports again; a block with environment markers starts
+a new interpreter instead.
 
 Markers, HTML comments on the lines just before a block, adapt a block for the test:
     <!-- test: replace OLD => NEW -->   a test-only substitution (a smaller variant, fewer
@@ -16,6 +19,7 @@ A shell block's lines run with bash; lines of a shell block are commands a reade
 import dataclasses
 import functools
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_release_file
+from tests.conftest import in_tensorflow_pass, write_release_file
 
 ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -93,18 +97,93 @@ def page_blocks(page: Path) -> list[Block]:
     return found
 
 
-def run_block(block: Block, folder: Path) -> None:
-    code, extra_env = block.prepared()
+BLOCK_TIMEOUT_S = 900
+
+# Runs each job read from stdin (a JSON line: code, folder, output files) in a child forked
+# from this process, as `python -c CODE` would run it there, and answers its exit status (None
+# past the timeout).
+WARM_INTERPRETER = """
+import json, os, sys, time, traceback
+import vit_keras  # the imports that every block would otherwise pay for
+import tensorflow
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(job["folder"])
+        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.argv, status = ["-c"], 0
+        try:
+            exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    deadline = time.monotonic() + job["timeout"]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            print("null", flush=True)
+            break
+        time.sleep(0.02)
+"""
+
+
+def block_env() -> dict:
     # `python` in a shell block is this interpreter, as in the reader's activated venv
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    env = {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2",
-           **extra_env}
-    command = ([sys.executable, "-c", code] if block.language == "python"
-               else ["bash", "-euo", "pipefail", "-c", code])
-    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, (f"{block.page}:{block.line} ({block.language}) failed:\n"
-                                  f"{done.stdout[-1500:]}\n{done.stderr[-3000:]}")
+    return {**os.environ, "PATH": path, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+@functools.cache
+def warm_interpreter() -> subprocess.Popen:
+    """This test process's warm interpreter, started on first use; it ends with the process
+    (its stdin closes)."""
+    return subprocess.Popen([sys.executable, "-c", WARM_INTERPRETER], cwd=ROOT,
+                            env=block_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def run_forked(code: str, folder: Path) -> tuple[int | None, str, str]:
+    """(exit status, stdout, stderr) of code run as `python -c` in folder, forked from the warm
+    interpreter."""
+    server = warm_interpreter()
+    outputs = {name: folder.parent / f"{folder.name}.{name}" for name in ("stdout", "stderr")}
+    job = {"code": code, "folder": str(folder), "timeout": BLOCK_TIMEOUT_S,
+           **{name: str(path) for name, path in outputs.items()}}
+    server.stdin.write(json.dumps(job) + "\n")
+    server.stdin.flush()
+    answer = server.stdout.readline()
+    assert answer, f"the warm interpreter ended (exit status {server.wait()})"
+    status = json.loads(answer)
+    texts = [path.read_text() for path in outputs.values()]
+    for path in outputs.values():
+        path.unlink()
+    return status, *texts
+
+
+def run_block(block: Block, folder: Path) -> None:
+    code, extra_env = block.prepared()
+    if block.language == "python" and not extra_env:
+        status, stdout, stderr = run_forked(code, folder)
+    else:
+        command = ([sys.executable, "-c", code] if block.language == "python"
+                   else ["bash", "-euo", "pipefail", "-c", code])
+        done = subprocess.run(command, cwd=folder, env={**block_env(), **extra_env},
+                              capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+        status, stdout, stderr = done.returncode, done.stdout, done.stderr
+    assert status == 0, (f"{block.page}:{block.line} ({block.language}) failed "
+                         f"(exit status {status}):\n{stdout[-1500:]}\n{stderr[-3000:]}")
 
 
 def page_test_class(page: Path) -> type:
@@ -113,9 +192,7 @@ def page_test_class(page: Path) -> type:
     keeps a class on one worker and spreads the classes, so the pages run side by side."""
     blocks = [block for block in page_blocks(page) if block.skip_reason is None]
 
-    @pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow",
-                        reason="the examples run once, in the suite's TensorFlow pass; a block "
-                               "that needs another backend says so with a KERAS_BACKEND marker")
+    @in_tensorflow_pass
     class Page:
         @pytest.fixture(scope="class")
         def folder(self, tmp_path_factory):

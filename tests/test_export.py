@@ -11,7 +11,7 @@ import pytest
 import vit_keras as vk
 from apps import export as export_app
 from apps import predict
-from tests.conftest import TINY, backend_independent, randomize
+from tests.conftest import TINY, in_tensorflow_pass, randomize
 from tests.conftest import images as random_images
 from vit_keras.export import ClassTokenFolded, Predictor
 
@@ -69,7 +69,7 @@ def exported(trained, tmp_path_factory):
     return out, json.loads((out / "export_report.json").read_text())
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_every_format_agrees_with_keras(trained, exported):
     _, model, _ = trained
     out, report = exported
@@ -101,7 +101,7 @@ def test_exports_answer_like_keras_when_run_here(trained, exported):
         np.testing.assert_allclose(got, expected, atol=1e-4, err_msg=name)
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_predict_app_gives_the_same_answer_from_every_format(trained, exported):
     from PIL import Image
 
@@ -118,7 +118,7 @@ def test_predict_app_gives_the_same_answer_from_every_format(trained, exported):
     assert set(answers) == {expected}, answers
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_saved_model_runs_without_vit_keras_or_keras(trained, exported, tmp_path):
     _, model, images = trained
     out, _ = exported
@@ -138,7 +138,7 @@ np.save({str(tmp_path / "p.npy")!r}, out["probabilities"].numpy())
     np.testing.assert_allclose(np.load(tmp_path / "p.npy"), expected, atol=1e-4)
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_dynamic_size_model_exports_a_saved_model_of_any_size(tmp_path):
     from PIL import Image
 
@@ -184,7 +184,7 @@ for height in {[size[0] for size in sizes]!r}:
         predict.main([saved_model, str(tmp_path / "image.png")])
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_export_refuses_to_overwrite(trained, exported):
     folder, _, _ = trained
     out, _ = exported
@@ -196,7 +196,7 @@ def test_export_refuses_to_overwrite(trained, exported):
     assert "exists; pass --overwrite to replace it" in done.stderr
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_wrong_input_shape_is_refused(exported):
     out, _ = exported
     predictor = Predictor(str(out / "model_float32.tflite"))
@@ -208,7 +208,7 @@ def test_wrong_input_shape_is_refused(exported):
 HYBRID = {**TINY, "patch_size": 1, "resnet_layers": (1,), "resnet_width": 32}
 
 
-@backend_independent
+@in_tensorflow_pass
 @pytest.mark.parametrize("config, posemb", [(TINY, "learned"), (TINY, "none"),
                                             (HYBRID, "sincos2d")])
 def test_folding_the_class_token_keeps_the_function(config, posemb):
@@ -219,7 +219,7 @@ def test_folding_the_class_token_keeps_the_function(config, posemb):
                                keras.ops.convert_to_numpy(model(x)), rtol=1e-5, atol=1e-5)
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_class_token_fold_takes_only_vits_plain_chain():
     assert not ClassTokenFolded.applies_to(vk.vit(TINY, image_size=32, classifier="gap"))
     base = vk.vit(TINY, image_size=32, num_classes=3)
@@ -229,7 +229,7 @@ def test_class_token_fold_takes_only_vits_plain_chain():
     assert not ClassTokenFolded.applies_to(branched)
 
 
-@backend_independent
+@in_tensorflow_pass
 def test_full_integer_file_keeps_a_small_class_token(trained, tmp_path):
     """A class token far smaller than the patch tokens (the trained tiny model's, shrunk 10x:
     ~170x smaller, as in a Ti/16 trained on Fashion-MNIST, ~65x) survives int8 when folded."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import vit_keras  # noqa: F401  (registers the layers the .keras file names)
-from tests.conftest import backend_independent
+from tests.conftest import in_tensorflow_pass
 from vit_keras.data import read_idx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def correct_on_test_split(model) -> int:
     return int(np.sum(np.argmax(logits, axis=-1) == labels))
 
 
-@backend_independent
+@in_tensorflow_pass
 @pytest.mark.skipif(not (FASHION_MNIST / "t10k-images-idx3-ubyte.gz").exists(),
                     reason="needs Debian's dataset-fashion-mnist")
 def test_committed_main_job_model_scores_its_committed_test_accuracy():

@@ -1,8 +1,8 @@
 """Every example in README.md and docs/*.md runs as written: each page's Python blocks and
 shell commands, in order, each in a fresh process, in one scratch folder per page. A Python
 block's process is forked from one that has imported vit_keras and TensorFlow already, so
-that each block does not pay for those imports again; a block with environment markers starts
-a new interpreter instead.
+that each block does not pay for those imports again; a block with environment markers, or
+one that sets os.environ itself, starts a new interpreter instead.
 
 Markers, HTML comments on the lines just before a block, adapt a block for the test:
     <!-- test: replace OLD => NEW -->   a test-only substitution (a smaller variant, fewer
@@ -174,7 +174,9 @@ def run_forked(code: str, folder: Path) -> tuple[int | None, str, str]:
 
 def run_block(block: Block, folder: Path) -> None:
     code, extra_env = block.prepared()
-    if block.language == "python" and not extra_env:
+    # a block that sets environment variables itself does so before its imports: it needs
+    # an interpreter that has imported nothing yet
+    if block.language == "python" and not extra_env and "os.environ" not in code:
         status, stdout, stderr = run_forked(code, folder)
     else:
         command = ([sys.executable, "-c", code] if block.language == "python"

@@ -101,6 +101,7 @@ def test_peak_memory_reads_what_a_call_allocates():
     assert untrained["train_peak_mib"] is None and untrained["train_again_peak_mib"] is None
 
 
+@backend_independent  # the processes and their peaks; each backend's figures: the test above
 def test_bench_memory_measures_each_implementation_in_its_own_process(tmp_path):
     from benchmarks import bench, tables
 

@@ -104,25 +104,30 @@ def test_keras_still_needs_the_multiworker_workaround(tmp_path):
     assert any("PerReplica" in err for _, err in results)
 
 
-@jax_only
-def test_jax_data_parallel_over_four_devices_equals_one(tmp_path):
-    [(code, err)] = run_workers("jax-data-parallel", [tmp_path / "w.npz"])
+@pytest.fixture(scope="module")
+def jax_data_parallel(tmp_path_factory):
+    """The weights after training over four simulated devices and on one, from one worker
+    (shared: the two-process test compares itself with the same one-device run)."""
+    out = tmp_path_factory.mktemp("jax_data_parallel") / "w.npz"
+    [(code, err)] = run_workers("jax-data-parallel", [out])
     assert code == 0, err[-3000:]
-    assert_same_training(tmp_path / "w.npz")
+    return out
 
 
 @jax_only
-@pytest.mark.over_budget(reason="two JAX processes that train together, then the one-device "
-                                "reference in a third: three interpreters started in turn")
-def test_two_jax_processes_train_together_like_one_device(tmp_path):
+def test_jax_data_parallel_over_four_devices_equals_one(jax_data_parallel):
+    assert_same_training(jax_data_parallel)
+
+
+@jax_only
+def test_two_jax_processes_train_together_like_one_device(tmp_path, jax_data_parallel):
     outs = [tmp_path / "w0.npz", tmp_path / "w1.npz"]
     results = run_workers("jax-multiprocess", outs,
                           jax_coordinator=f"127.0.0.1:{free_ports(1)[0]}")
     for code, err in results:
         assert code == 0, err[-3000:]
     first, second = np.load(outs[0]), np.load(outs[1])
-    [(code, err)] = run_workers("jax-data-parallel", [tmp_path / "single.npz"])
-    single = np.load(tmp_path / "single.npz")
+    single = np.load(jax_data_parallel)
     for i in range(len(first.files)):
         np.testing.assert_array_equal(first[f"worker_{i}"], second[f"worker_{i}"])
         np.testing.assert_allclose(first[f"worker_{i}"], single[f"single_{i}"], atol=1e-5)

@@ -27,7 +27,7 @@ from vit_keras.position_embeddings import (
 )
 from vit_keras.preprocessing import MODEL_LAYER, unit_range
 from vit_keras.resnet import resnet_stem
-from vit_keras.weights import load_weights
+from vit_keras.weights import load_weights, pretrained
 
 CLASSIFIERS = TokenPooling.METHODS
 
@@ -124,6 +124,8 @@ def vit(
                          f"got {patch_drop_rate}")
     _check_family_options(classifier, class_token, distilled, fc_norm, representation_size,
                           num_register_tokens, mlp_activation)
+    if isinstance(variant, str) and pretrained.is_name(weights):
+        pretrained.checkpoint(variant, weights)  # a name without this variant: refused unbuilt
     height, width = as_pair(image_size, "image_size")
     shape = (None, None) if dynamic_image_size else (height, width)
     inputs = keras.Input((*shape, channels), name="images")

@@ -399,7 +399,12 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
 
     report = masked_patch.main(["--pretrain-epochs", "1", "--finetune-epochs", "1",
                                 "--limit", "300", "--out", str(tmp_path),
+                                "--recipe-option", "patch_drop_rate=0",
                                 "--json", str(tmp_path / "report.json")])
+    for run in ("finetune", "scratch"):  # the supervised runs take the recipe option
+        arguments = (tmp_path / run / "arguments.json").read_text()
+        assert "patch_drop_rate=0" in arguments, run
+    assert "patch_drop_rate=0" not in (tmp_path / "pretrain" / "arguments.json").read_text()
     assert json.loads((tmp_path / "report.json").read_text())["backend"] == report["backend"]
     assert report["pretrain"]["target"] == "mean_color"
     assert report["pretrain"]["color_channels"] == 1  # Fashion-MNIST is grayscale

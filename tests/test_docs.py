@@ -1,8 +1,10 @@
 """Every example in README.md and docs/*.md runs as written: each page's Python blocks and
 shell commands, in order, each in a fresh process, in one scratch folder per page. A Python
 block's process is forked from one that has imported vit_keras and TensorFlow already, so
-that each block does not pay for those imports again; a block with environment markers, or
-one that sets os.environ itself, starts a new interpreter instead.
+that each block does not pay for those imports again; so is each command of a shell block made
+only of `vit-keras` commands, run as the console script runs it. A block with environment
+markers, one that sets os.environ itself, or a shell block with any other syntax starts a new
+interpreter instead.
 
 Markers, HTML comments on the lines just before a block, adapt a block for the test:
     <!-- test: replace OLD => NEW -->   a test-only substitution (a smaller variant, fewer
@@ -22,6 +24,7 @@ import http.server
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -172,12 +175,40 @@ def run_forked(code: str, folder: Path) -> tuple[int | None, str, str]:
     return status, *texts
 
 
+# A line of a shell block that is one `vit-keras` command and nothing else of the shell's.
+APP_COMMAND = re.compile(r"vit-keras [^$|;&<>`*?#\n]*")
+
+
+def app_commands(code: str) -> list[str] | None:
+    """Python code running each `vit-keras` command of a shell block as the console script
+    does, or None if the block holds anything else."""
+    lines = [line.strip() for line in code.replace("\\\n", " ").splitlines() if line.strip()]
+    if not lines or not all(APP_COMMAND.fullmatch(line) for line in lines):
+        return None
+    return [f"import sys\nsys.argv = {shlex.split(line)!r}\n"
+            "from vit_keras_apps.cli import main\nmain()\n" for line in lines]
+
+
+def run_forked_commands(codes: list[str], folder: Path) -> tuple[int | None, str, str]:
+    """run_forked for each code in turn, stopping at the first that fails, as bash -e does."""
+    status, stdout, stderr = 0, "", ""
+    for code in codes:
+        status, out, err = run_forked(code, folder)
+        stdout, stderr = stdout + out, stderr + err
+        if status != 0:
+            break
+    return status, stdout, stderr
+
+
 def run_block(block: Block, folder: Path) -> None:
     code, extra_env = block.prepared()
     # a block that sets environment variables itself does so before its imports: it needs
     # an interpreter that has imported nothing yet
+    commands = app_commands(code) if block.language != "python" else None
     if block.language == "python" and not extra_env and "os.environ" not in code:
         status, stdout, stderr = run_forked(code, folder)
+    elif commands and not extra_env:
+        status, stdout, stderr = run_forked_commands(commands, folder)
     else:
         command = ([sys.executable, "-c", code] if block.language == "python"
                    else ["bash", "-euo", "pipefail", "-c", code])

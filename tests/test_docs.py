@@ -202,9 +202,9 @@ def run_forked_commands(codes: list[str], folder: Path) -> tuple[int | None, str
 
 def run_block(block: Block, folder: Path) -> None:
     code, extra_env = block.prepared()
+    commands = app_commands(code) if block.language != "python" else None
     # a block that sets environment variables itself does so before its imports: it needs
     # an interpreter that has imported nothing yet
-    commands = app_commands(code) if block.language != "python" else None
     if block.language == "python" and not extra_env and "os.environ" not in code:
         status, stdout, stderr = run_forked(code, folder)
     elif commands and not extra_env:

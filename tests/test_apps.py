@@ -14,7 +14,6 @@ pytestmark = backend_independent
 
 
 def test_convert_npz_to_keras_and_back(tmp_path, capsys):
-    import numpy as np
 
     from apps import convert
     from tests import official_layout
@@ -47,7 +46,6 @@ def test_convert_npz_to_keras_and_back(tmp_path, capsys):
 ])
 def test_convert_builds_the_model_an_npz_holds_without_variant(tmp_path, capsys, config,
                                                                image_size, num_classes, named):
-    import numpy as np
 
     import vit_keras as vk
     from apps import convert
@@ -90,7 +88,6 @@ def saved_tiny_model(tmp_path, num_classes=2):
 
 
 def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
-    import numpy as np
     from PIL import Image
 
     import vit_keras as vk
@@ -113,7 +110,6 @@ def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
 
 
 def test_predict_refuses_labels_of_another_class_count(tmp_path):
-    import numpy as np
     from PIL import Image
 
     from apps import predict
@@ -130,7 +126,6 @@ def test_predict_refuses_labels_of_another_class_count(tmp_path):
 
 def write_images(root, per_class, size, seed):
     """root/cat and root/dog with per_class random PNGs of size x size pixels each."""
-    import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(seed)
@@ -145,7 +140,6 @@ def write_images(root, per_class, size, seed):
 def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
     """A model that answers "dog" for images brighter than mid-grey, on flat images of known
     brightness: the matrix counts its answers per true class."""
-    import numpy as np
     from PIL import Image
 
     from apps import evaluate
@@ -175,7 +169,6 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
 def test_inspect_writes_valid_pngs(tmp_path):
     import json
 
-    import numpy as np
     from PIL import Image
 
     from apps import inspect
@@ -213,8 +206,6 @@ def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
 
 def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
     import json
-
-    import numpy as np
 
     from apps import finetune
     from tests import official_layout
@@ -361,7 +352,6 @@ def test_committed_main_job_model_loads_after_importing_vit_keras_alone():
 
 
 def test_convert_builds_a_family_with_its_options(tmp_path):
-    import numpy as np
     import timm
 
     from apps import convert

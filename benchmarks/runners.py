@@ -39,10 +39,12 @@ def model_spec(name: str, image_size: int) -> tuple[vk.ViTConfig, int]:
 TRAIN_FLOPS_PER_FORWARD = 3
 
 
-def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000) -> float:
-    """2 x multiply-accumulates of one forward pass (token classifier)."""
+def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000,
+                  class_token: bool = True) -> float:
+    """2 x multiply-accumulates of one forward pass (class_token=False: global average pooling,
+    no token beside the patches')."""
     patches = (image_size // config.patch_size) ** 2
-    tokens, d, m = patches + 1, config.hidden_size, config.mlp_dim
+    tokens, d, m = patches + class_token, config.hidden_size, config.mlp_dim
     macs = patches * config.patch_size**2 * 3 * d
     macs += config.num_layers * (4 * tokens * d * d + 2 * tokens * tokens * d + 2 * tokens * d * m)
     return 2.0 * (macs + d * num_classes)

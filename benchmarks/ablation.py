@@ -1,0 +1,33 @@
+"""What the appendix's ablations share: one training run of a variant of the main job's model
+(apps.train with the variant's flags), every run on every patch (no patch dropout, which
+relative position embeddings refuse) with the `fashion_mnist` recipe otherwise, and the
+paper's few-shot probe of the trained representation."""
+
+import json
+import os
+
+import keras
+
+from apps import train
+from benchmarks import limit_flags
+from benchmarks.probes import probes
+
+# Each ablation trains every token: patch dropout is the main job's speed-up, not the paper's.
+ABLATION_FLAGS = ("--recipe", "fashion_mnist", "--recipe-option", "patch_drop_rate=0")
+FEW_SHOT_DRAWS = 10  # draws of the 5 images per class the 5-shot probe averages over
+
+
+def train_run(flags: list[str], run_dir: str, limit: int | None) -> dict:
+    """apps.train's result.json of one run with `flags`; a finished run in run_dir is read,
+    not run again, so an interrupted experiment resumes where it stopped."""
+    if not os.path.exists(os.path.join(run_dir, "result.json")):
+        train.main([*ABLATION_FLAGS, *flags, "--run-dir", run_dir, *limit_flags(limit)])
+    with open(os.path.join(run_dir, "result.json")) as file:
+        return json.load(file)
+
+
+def five_shot(model_path: str, limit: int | None) -> float:
+    """The paper's 5-shot linear accuracy of the trained model's pooled representation."""
+    report = probes(keras.saving.load_model(model_path), limit, shots=(5,),
+                    draws=FEW_SHOT_DRAWS)
+    return report["few_shot"]["5"]

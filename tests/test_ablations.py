@@ -1,0 +1,108 @@
+"""The appendix's ablation experiments (benchmarks.posemb, pooling, shape) on a few hundred
+images: each trains what it says, scores what it says, and resumes instead of retraining."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from tests.conftest import backend_independent
+
+
+def trained_model(run_dir):
+    import vit_keras  # noqa: F401  (registers the layers the file names)
+
+    return keras.saving.load_model(str(run_dir / "model.keras"))
+
+
+@backend_independent
+def test_posemb_trains_each_kind_per_seed_and_probes_its_own_model(tmp_path, monkeypatch):
+    from apps import train
+    from benchmarks import posemb
+
+    flags = ["--kinds", "none", "relative", "--seeds", "0", "1", "--epochs", "1",
+             "--limit", "256", "--out", str(tmp_path)]
+    report = posemb.main([*flags, "--json", str(tmp_path / "posemb.json")])
+    assert json.loads((tmp_path / "posemb.json").read_text()) == report
+    assert list(report["runs"]) == ["none", "relative"]
+    for kind, runs in report["runs"].items():
+        assert [r["seed"] for r in runs] == [0, 1]
+        model = trained_model(tmp_path / f"{kind}_seed0")
+        assert model.get_layer("Transformer_posembed_input").get_config()["kind"] == kind
+        arguments = json.loads((tmp_path / f"{kind}_seed1" / "arguments.json").read_text())
+        assert arguments["posemb"] == kind and arguments["seed"] == 1
+        assert "patch_drop_rate=0" in arguments["recipe_option"]  # relative refuses dropout
+    five_shot = [r["five_shot"] for runs in report["runs"].values() for r in runs]
+    assert len(set(five_shot)) == 4  # each probe read its own model
+    assert min(five_shot) > 0.15  # above chance (0.1) after an epoch on 256 images
+
+    def no_training(argv):
+        raise AssertionError(f"a finished run was trained again: {argv}")
+
+    monkeypatch.setattr(train, "main", no_training)
+    again = posemb.main(flags)
+    assert again["runs"] == report["runs"]
+
+
+@backend_independent
+def test_pooling_chooses_the_rate_on_validation_and_scores_only_the_chosen_model(tmp_path):
+    import vit_keras as vk
+    from benchmarks import pooling
+    from vit_keras import data
+
+    report = pooling.main(["--classifiers", "token", "--learning-rates", "1e-3", "1e-2",
+                           "--epochs", "1", "--limit", "384", "--validation-split", "128",
+                           "--out", str(tmp_path)])
+    images, labels = data.load_fashion_mnist("test")
+    inputs = vk.preprocess(np.repeat(images, 3, axis=-1))
+    for classifier, runs in report["runs"].items():
+        best = max(runs, key=lambda run: run["validation_accuracy"])
+        chosen = report["chosen_on_validation"][classifier]
+        assert chosen["learning_rate"] == best["learning_rate"]
+        model = keras.saving.load_model(best["model"])
+        has_class_token = any(layer.name == "cls" for layer in model.layers)
+        assert has_class_token == (classifier == "token")
+        predicted = np.argmax(model.predict(inputs, batch_size=1000, verbose=0), axis=-1)
+        assert chosen["test_accuracy"] == pytest.approx(np.mean(predicted == labels), abs=1e-4)
+        for run in runs:  # trained without the last 128 images, scored on them
+            result = json.loads((tmp_path / f"{classifier}_lr{run['learning_rate']:g}"
+                                 / "result.json").read_text())
+            assert result["data"]["validation_split"] == 128
+            assert "test_accuracy" not in result
+    scored = sorted(path.parent.name for path in tmp_path.glob("*/evaluation.json"))
+    assert scored == ["token_test"]  # the test split read once, for the chosen rate
+
+
+def macs_per_image(blocks, width, mlp, patch, image=28, channels=3, classes=10):
+    """Multiply-accumulates of one forward pass of a GAP ViT, written out by hand."""
+    tokens = (image // patch) ** 2
+    embed = tokens * patch * patch * channels * width
+    attention = 4 * tokens * width * width + 2 * tokens * tokens * width
+    return embed + blocks * (attention + 2 * tokens * width * mlp) + width * classes
+
+
+@backend_independent
+def test_shape_trains_each_shape_at_about_twice_the_base_cost(tmp_path):
+    import vit_keras as vk
+    from benchmarks import shape
+
+    report = shape.main(["--epochs", "1", "--limit", "256", "--out", str(tmp_path)])
+    base = macs_per_image(4, 64, 128, 4)
+    expected = {"base": (base, 1), "base, twice the epochs": (base, 2),
+                "deeper": (macs_per_image(8, 64, 128, 4), 1),
+                "wider": (macs_per_image(4, 96, 192, 4), 1),
+                "smaller patches": (macs_per_image(4, 32, 64, 2), 1)}
+    assert list(report["runs"]) == list(expected)
+    for name, (macs, epochs) in expected.items():
+        run = report["runs"][name]
+        assert run["forward_mflop_per_image"] == pytest.approx(2 * macs / 1e6, abs=0.01)
+        assert run["epochs"] == epochs
+        assert run["training_cost"] == pytest.approx(macs * epochs / base, abs=0.01)
+        built = vk.vit(vk.ViTConfig(**run["shape"]), image_size=28, num_classes=10,
+                       classifier="gap", posemb="sincos2d")  # the main job's
+        assert run["trainable_parameters"] == built.count_params()
+        model = trained_model(tmp_path / name.replace(" ", "_").replace(",", ""))
+        assert model.count_params() == built.count_params()
+    twice = [report["runs"][name]["training_cost"] for name in expected if name != "base"]
+    assert all(1.9 < cost < 2.2 for cost in twice), twice

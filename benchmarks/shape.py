@@ -4,7 +4,7 @@ cost about twice its FLOPs per image, trained for the base epochs: deeper (8 blo
 (width 96) and smaller patches (2x2 pixels, four times the tokens, at half the width so that
 the cost stays at about twice). The cost is counted analytically (runners.forward_flops).
 
-python -m benchmarks.shape [--epochs 2] [--out runs/shape] [--limit N]
+python -m benchmarks.shape [--epochs 2] [--shapes NAME ...] [--out runs/shape] [--limit N]
     [--json docs/paper/shape.json]
 
 Runs under the current KERAS_BACKEND; --limit uses only N training and test images (a smoke
@@ -35,33 +35,47 @@ SHAPES = {
 }
 
 
+def run_folder(name: str) -> str:
+    return name.replace(",", "").replace(" ", "_")
+
+
 def shape_flags(shape: dict) -> list[str]:
     return [flag for key, value in shape.items()
             for flag in ("--" + key.replace("_", "-"), str(value))]
 
 
+def costs(base_epochs: int) -> dict:
+    """Each shape's model, epochs, forward MFLOP per image and training compute (FLOPs per
+    image x epochs) relative to the base's."""
+    def flops(shape):
+        return forward_flops(vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"],
+                             num_classes=MAIN_JOB_MODEL["num_classes"], class_token=False)
+
+    base = flops(BASE) * base_epochs
+    plans = {}
+    for name, (changes, epoch_factor) in SHAPES.items():
+        shape, epochs = {**BASE, **changes}, base_epochs * epoch_factor
+        plans[name] = {"shape": shape, "epochs": epochs,
+                       "forward_mflop_per_image": round(flops(shape) / 1e6, 2),
+                       "training_cost": round(flops(shape) * epochs / base, 2)}
+    return plans
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--out", default=os.path.join("runs", "shape"))
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    image_size, base_flops = MAIN_JOB_MODEL["image_size"], None
     runs = {}
-    for name, (changes, epoch_factor) in SHAPES.items():
-        shape, epochs = {**BASE, **changes}, args.epochs * epoch_factor
-        flops = forward_flops(vk.ViTConfig(**shape), image_size, num_classes=10,
-                              class_token=False)
-        base_flops = base_flops or flops
-        result = train_run([*shape_flags(shape), "--epochs", str(epochs)],
-                           os.path.join(args.out, name.replace(" ", "_").replace(",", "")),
-                           args.limit)
-        runs[name] = {"shape": shape, "epochs": epochs,
-                      "forward_mflop_per_image": round(flops / 1e6, 2),
-                      # FLOPs per image x epochs, relative to the base's
-                      "training_cost": round(flops * epochs / (base_flops * args.epochs), 2),
-                      "trainable_parameters": result["trainable_parameters"],
+    for name, plan in costs(args.epochs).items():
+        if name not in args.shapes:
+            continue
+        result = train_run([*shape_flags(plan["shape"]), "--epochs", str(plan["epochs"])],
+                           os.path.join(args.out, run_folder(name)), args.limit)
+        runs[name] = {**plan, "trainable_parameters": result["trainable_parameters"],
                       "test_accuracy": result["test_accuracy"],
                       "fit_seconds": result["fit_seconds"]}
     report = {"machine": describe_host(), "backend": keras.backend.backend(),

@@ -4,7 +4,7 @@ cost about twice its FLOPs per image, trained for the base epochs: deeper (8 blo
 (width 96) and smaller patches (2x2 pixels, four times the tokens, at half the width so that
 the cost stays at about twice). The cost is counted analytically (runners.forward_flops).
 
-python -m benchmarks.shape [--epochs 2] [--shapes NAME ...] [--out runs/shape] [--limit N]
+python -m benchmarks.shape [--epochs 1] [--shapes NAME ...] [--out runs/shape] [--limit N]
     [--json docs/paper/shape.json]
 
 Runs under the current KERAS_BACKEND; --limit uses only N training and test images (a smoke
@@ -63,7 +63,7 @@ def costs(base_epochs: int) -> dict:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--out", default=os.path.join("runs", "shape"))
     parser.add_argument("--limit", type=int, default=None)

@@ -72,7 +72,8 @@ def summarise(results: dict[str, dict]) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # allow_abbrev=False: apps.train's --seed, meant for a try, is not taken for --seeds
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=os.path.join("runs", "mainjob"))
     parser.add_argument("--docs", default=os.path.join("docs", "mainjob"))

@@ -3,7 +3,7 @@ kind of position embedding, over seeds, scored by test accuracy and by the paper
 5-shot linear accuracy of the frozen representation.
 
 python -m benchmarks.posemb [--kinds none learned learned2d relative sincos2d] [--seeds 0 1]
-    [--epochs 3] [--out runs/posemb] [--limit N] [--json docs/paper/posemb.json]
+    [--epochs 2] [--out runs/posemb] [--limit N] [--json docs/paper/posemb.json]
 
 Runs under the current KERAS_BACKEND; --limit uses only N training and test images (a smoke
 run). A kind's finished run is read, not trained again.
@@ -28,7 +28,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", default=os.path.join("runs", "posemb"))
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--json", default=None)

@@ -145,13 +145,49 @@ def fill_defaults(args) -> None:
         args.recipe = "fashion_mnist" if plain_main_job else "scratch"
 
 
+def run_dir_of(args) -> str:
+    """--run-dir, or runs/ and the data's name."""
+    return args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
+
+
+def run_arguments(args) -> dict:
+    """The parsed arguments that decide what a run computes, as arguments.json keeps them."""
+    return json.loads(json.dumps({key: value for key, value in sorted(vars(args).items())
+                                  if key not in NOT_RUN_ARGUMENTS}))
+
+
+def argument_changes(run_dir: str, arguments: dict) -> list[str]:
+    """Each argument that differs from the run's arguments.json, as "--flag old, now new"."""
+    with open(os.path.join(run_dir, ARGUMENTS_FILE)) as file:
+        recorded = json.load(file)
+    return [f"--{key.replace('_', '-')} {recorded.get(key)!r}, now {arguments.get(key)!r}"
+            for key in sorted(recorded.keys() | arguments.keys())
+            if recorded.get(key) != arguments.get(key)]
+
+
+def finished_result(argv: list[str]) -> dict | None:
+    """The result.json of the run that argv describes (its --run-dir), where that run finished
+    with these arguments; None where it has not finished. A finished run with other arguments
+    raises FileExistsError, so that a caller never takes one run's result for another's."""
+    args = build_parser().parse_args(argv)
+    fill_defaults(args)
+    run_dir = run_dir_of(args)
+    if not os.path.exists(os.path.join(run_dir, "result.json")):
+        return None
+    differ = argument_changes(run_dir, run_arguments(args))
+    if differ:
+        raise FileExistsError(f"run folder {run_dir!r} holds a finished run with other "
+                              f"arguments ({'; '.join(differ)})")
+    with open(os.path.join(run_dir, "result.json")) as file:
+        return json.load(file)
+
+
 def claim_run_dir(args, run_dir: str) -> None:
     """Makes run_dir this run's folder: a new one, or this run's unfinished one to resume. A
     finished run, a run with other arguments and run files of unknown arguments are refused;
     --overwrite removes the run files first (nothing else in the folder). A folder whose run
     never got past its arguments (a mistake in them, a crash before training) starts anew."""
-    arguments = json.loads(json.dumps({key: value for key, value in sorted(vars(args).items())
-                                       if key not in NOT_RUN_ARGUMENTS}))
+    arguments = run_arguments(args)
     present = [name for name in RUN_FILES if os.path.lexists(os.path.join(run_dir, name))]
     again = "; pass --overwrite to start it anew, or another --run-dir"
     if args.overwrite or present in ([], [ARGUMENTS_FILE]):
@@ -168,11 +204,7 @@ def claim_run_dir(args, run_dir: str) -> None:
         raise FileExistsError(f"run folder {run_dir!r} holds run files ({', '.join(present)}) "
                               f"without {ARGUMENTS_FILE}, so no run can resume it" + again)
     else:
-        with open(os.path.join(run_dir, ARGUMENTS_FILE)) as file:
-            recorded = json.load(file)
-        differ = [f"--{key.replace('_', '-')} {recorded.get(key)!r}, now {arguments.get(key)!r}"
-                  for key in sorted(recorded.keys() | arguments.keys())
-                  if recorded.get(key) != arguments.get(key)]
+        differ = argument_changes(run_dir, arguments)
         if differ:
             raise FileExistsError(f"run folder {run_dir!r} holds a run with other arguments "
                                   f"({'; '.join(differ)})" + again)
@@ -291,7 +323,7 @@ def run_training(args) -> dict:
     started = time.time()
     keras.utils.set_random_seed(args.seed)
     recipe = recipe_from_arguments(args)
-    run_dir = args.run_dir or os.path.join("runs", os.path.basename(args.folder or args.dataset))
+    run_dir = run_dir_of(args)
     train, evaluation, names = load_sources(args)
     claim_run_dir(args, run_dir)  # once the data is found: a mistake there leaves no folder
     count = count_examples(train)

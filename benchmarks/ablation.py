@@ -3,9 +3,6 @@
 relative position embeddings refuse) with the `fashion_mnist` recipe otherwise, and the
 paper's few-shot probe of the trained representation."""
 
-import json
-import os
-
 import keras
 
 from apps import train
@@ -18,12 +15,11 @@ FEW_SHOT_DRAWS = 10  # draws of the 5 images per class the 5-shot probe averages
 
 
 def train_run(flags: list[str], run_dir: str, limit: int | None) -> dict:
-    """apps.train's result.json of one run with `flags`; a finished run in run_dir is read,
-    not run again, so an interrupted experiment resumes where it stopped."""
-    if not os.path.exists(os.path.join(run_dir, "result.json")):
-        train.main([*ABLATION_FLAGS, *flags, "--run-dir", run_dir, *limit_flags(limit)])
-    with open(os.path.join(run_dir, "result.json")) as file:
-        return json.load(file)
+    """apps.train's result.json of one run with `flags`; a run that finished in run_dir with
+    the same arguments is read, not run again, so an interrupted experiment resumes where it
+    stopped (one with other arguments is refused by name)."""
+    argv = [*ABLATION_FLAGS, *flags, "--run-dir", run_dir, *limit_flags(limit)]
+    return train.finished_result(argv) or train.main(argv)
 
 
 def five_shot(model_path: str, limit: int | None) -> float:

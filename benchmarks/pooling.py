@@ -12,6 +12,7 @@ chosen rates are still scored on every test image). A finished run is read, not 
 """
 
 import argparse
+import json
 import os
 
 import keras
@@ -22,8 +23,15 @@ from benchmarks.ablation import train_run
 from benchmarks.machine import describe_host
 
 
-def test_accuracy(model_path: str, out: str) -> float:
-    """The model's top-1 accuracy on the 10,000 Fashion-MNIST test images."""
+def score_on_test(model_path: str) -> float:
+    """The model's top-1 accuracy on the 10,000 Fashion-MNIST test images, from the
+    evaluation.json beside it where it was scored before: the test split is read once per
+    model, however often the experiment resumes."""
+    out = os.path.join(os.path.dirname(model_path), "test")
+    report = os.path.join(out, "evaluation.json")
+    if os.path.exists(report):
+        with open(report) as file:
+            return json.load(file)["top1"]
     return evaluate.main([model_path, "--out", out])["top1"]
 
 
@@ -51,10 +59,10 @@ def main(argv=None) -> dict:
         best = max(runs[classifier], key=lambda run: run["validation_accuracy"])
         chosen[classifier] = {
             "learning_rate": best["learning_rate"],
-            "test_accuracy": round(test_accuracy(best["model"], os.path.join(
-                args.out, f"{classifier}_test")), 4)}
+            "test_accuracy": round(score_on_test(best["model"]), 4)}
     report = {"machine": describe_host(), "backend": keras.backend.backend(),
               "epochs": args.epochs, "validation_split": args.validation_split,
+              "limit": args.limit,
               "runs": runs, "chosen_on_validation": chosen}
     write_json(report, args.json)
     return report

@@ -44,7 +44,8 @@ def main(argv=None) -> dict:
                 "five_shot": five_shot(result["model"], args.limit),
                 "fit_seconds": result["fit_seconds"]})
     report = {"machine": describe_host(), "backend": keras.backend.backend(),
-              "epochs": args.epochs, "paper_five_shot": PAPER_FIVE_SHOT, "runs": runs}
+              "epochs": args.epochs, "limit": args.limit, "paper_five_shot": PAPER_FIVE_SHOT,
+              "runs": runs}
     write_json(report, args.json)
     return report
 

@@ -18,15 +18,16 @@ from benchmarks import (
 from benchmarks.device import on_device, synchronize, torch_device
 
 OURS = "vit_keras"
+# The main job's model's shape, the ViTConfig fields of apps.train.MAIN_JOB_MODEL.
+MAIN_JOB_SHAPE = {key: MAIN_JOB_MODEL[key] for key in
+                  ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")}
 
 
 def model_spec(name: str, image_size: int) -> tuple[vk.ViTConfig, int]:
     """The config and image size of a variant name, "main" (the main job's model, at its image
     size), "smoke" (a tiny model at 32 px) or "overhead" (B/16's depth, tiny width, 32 px)."""
     if name == "main":
-        shape = {k: MAIN_JOB_MODEL[k] for k in
-                 ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")}
-        return vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"]
+        return vk.ViTConfig(**MAIN_JOB_SHAPE), MAIN_JOB_MODEL["image_size"]
     if name == "smoke":
         return vk.ViTConfig(**SMOKE_MODEL), SMOKE_IMAGE_SIZE
     if name == "overhead":

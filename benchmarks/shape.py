@@ -21,10 +21,8 @@ from apps.train import MAIN_JOB_MODEL
 from benchmarks import write_json
 from benchmarks.ablation import train_run
 from benchmarks.machine import describe_host
-from benchmarks.runners import forward_flops
+from benchmarks.runners import MAIN_JOB_SHAPE, forward_flops
 
-BASE = {key: MAIN_JOB_MODEL[key] for key in
-        ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")}
 # name: (changes to the base shape, epochs as a multiple of --epochs); heads stay 16 wide.
 SHAPES = {
     "base": ({}, 1),
@@ -51,11 +49,12 @@ def costs(base_epochs: int) -> dict:
         return forward_flops(vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"],
                              num_classes=MAIN_JOB_MODEL["num_classes"], class_token=False)
 
-    base = flops(BASE) * base_epochs
+    base = flops(MAIN_JOB_SHAPE) * base_epochs
     plans = {}
     for name, (changes, epoch_factor) in SHAPES.items():
-        shape, epochs = {**BASE, **changes}, base_epochs * epoch_factor
+        shape, epochs = {**MAIN_JOB_SHAPE, **changes}, base_epochs * epoch_factor
         plans[name] = {"shape": shape, "epochs": epochs,
+                       "tokens": (MAIN_JOB_MODEL["image_size"] // shape["patch_size"]) ** 2,
                        "forward_mflop_per_image": round(flops(shape) / 1e6, 2),
                        "training_cost": round(flops(shape) * epochs / base, 2)}
     return plans
@@ -79,7 +78,7 @@ def main(argv=None) -> dict:
                       "test_accuracy": result["test_accuracy"],
                       "fit_seconds": result["fit_seconds"]}
     report = {"machine": describe_host(), "backend": keras.backend.backend(),
-              "base_epochs": args.epochs, "runs": runs}
+              "base_epochs": args.epochs, "limit": args.limit, "runs": runs}
     write_json(report, args.json)
     return report
 

@@ -10,6 +10,13 @@ import pytest
 from tests.conftest import backend_independent
 
 
+def refuse(what):
+    def call(argv):
+        raise AssertionError(f"a finished run was {what}: {argv}")
+
+    return call
+
+
 def trained_model(run_dir):
     import vit_keras  # noqa: F401  (registers the layers the file names)
 
@@ -37,23 +44,23 @@ def test_posemb_trains_each_kind_with_its_seed_and_probes_its_own_model(tmp_path
     assert len(set(five_shot)) == 2  # each probe read its own model
     assert min(five_shot) > 0.15  # above chance (0.1) after an epoch on 256 images
 
-    def no_training(argv):
-        raise AssertionError(f"a finished run was trained again: {argv}")
-
-    monkeypatch.setattr(train, "main", no_training)
-    again = posemb.main(flags)
-    assert again["runs"] == report["runs"]
+    monkeypatch.setattr(train, "main", refuse("trained again"))
+    assert posemb.main(flags)["runs"] == report["runs"]  # resumed from the runs' files
+    with pytest.raises(FileExistsError, match="other arguments.*--epochs 1, now 2"):
+        posemb.main([*flags, "--epochs", "2"])  # another run's result is never taken
 
 
 @backend_independent
-def test_pooling_chooses_the_rate_on_validation_and_scores_only_the_chosen_model(tmp_path):
+def test_pooling_chooses_the_rate_on_validation_and_scores_only_the_chosen_model(tmp_path,
+                                                                                  monkeypatch):
     import vit_keras as vk
+    from apps import evaluate, train
     from benchmarks import pooling
     from vit_keras import data
 
-    report = pooling.main(["--classifiers", "token", "--learning-rates", "1e-3", "1e-2",
-                           "--epochs", "1", "--limit", "384", "--validation-split", "128",
-                           "--out", str(tmp_path)])
+    flags = ["--classifiers", "token", "--learning-rates", "1e-3", "1e-2", "--epochs", "1",
+             "--limit", "384", "--validation-split", "128", "--out", str(tmp_path)]
+    report = pooling.main(flags)
     images, labels = data.load_fashion_mnist("test")
     inputs = vk.preprocess(np.repeat(images, 3, axis=-1))
     for classifier, runs in report["runs"].items():
@@ -70,8 +77,11 @@ def test_pooling_chooses_the_rate_on_validation_and_scores_only_the_chosen_model
                                  / "result.json").read_text())
             assert result["data"]["validation_split"] == 128
             assert "test_accuracy" not in result
-    scored = sorted(path.parent.name for path in tmp_path.glob("*/evaluation.json"))
-    assert scored == ["token_test"]  # the test split read once, for the chosen rate
+    scored = [path.parents[1].name for path in tmp_path.glob("**/evaluation.json")]
+    assert scored == [f"token_lr{best['learning_rate']:g}"]  # the test split read once
+    monkeypatch.setattr(train, "main", refuse("trained again"))
+    monkeypatch.setattr(evaluate, "main", refuse("scored on the test split again"))
+    assert pooling.main(flags) == report  # resumed from the runs' files
 
 
 def macs_per_image(blocks, width, mlp, patch, image=28, channels=3, classes=10):
@@ -96,6 +106,7 @@ def test_shape_costs_each_shape_about_twice_the_base():
     for name, (macs, epochs) in expected.items():
         assert plans[name]["forward_mflop_per_image"] == pytest.approx(2 * macs / 1e6, abs=0.01)
         assert plans[name]["epochs"] == epochs
+        assert plans[name]["tokens"] == (28 // plans[name]["shape"]["patch_size"]) ** 2
         assert plans[name]["training_cost"] == pytest.approx(macs * epochs / (base * 2),
                                                              abs=0.01)
     twice = [plans[name]["training_cost"] for name in expected if name != "base"]
@@ -114,6 +125,7 @@ def test_shape_trains_the_shapes_it_names(tmp_path):
         built = vk.vit(vk.ViTConfig(**run["shape"]), image_size=28, num_classes=10,
                        classifier="gap", posemb="sincos2d")  # the main job's
         assert run["trainable_parameters"] == built.count_params()
+        assert run["epochs"] == 1
         model = trained_model(tmp_path / shape.run_folder(name))
         assert model.count_params() == built.count_params()
         assert model.get_layer("embedding").get_config()["patch_size"] == run["shape"][

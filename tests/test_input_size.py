@@ -51,8 +51,6 @@ def test_input_size_reports_costs_and_a_batch_projected_from_two_peaks(tmp_path,
         flops, attention = smoke_flops(size)
         assert r["gflop_per_image"] == pytest.approx(flops / 1e9)
         assert r["attention_share"] == pytest.approx(attention / flops)
-        assert r["gflops_achieved"] == pytest.approx(r["gflop_per_image"] * r["images_s"])
-        assert r["ms_per_image"] == pytest.approx(1000 / r["images_s"])
         first, second = r["peaks"]
         # the second batch: 32 doubled, until its peak grew MIN_GROWTH_MIB over the first's
         assert first["batch"] == 32 and math.log2(second["batch"] / 32) % 1 == 0

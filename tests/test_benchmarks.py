@@ -463,33 +463,6 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"
 
 
-@backend_independent
-def test_mainjob_try_passes_its_seed_to_the_run_and_records_it(tmp_path, monkeypatch):
-    import subprocess
-
-    from benchmarks import mainjob
-
-    def fake_main_sh(command, check):
-        run_dir = Path(command[command.index("--run-dir") + 1])
-        run_dir.mkdir(parents=True)
-        (run_dir / "history.json").write_text(json.dumps(
-            {"0": {"epoch_seconds": 30.5}, "1": {"epoch_seconds": 29.0}}))
-        (run_dir / "result.json").write_text(json.dumps(
-            {"epochs": 2, "validation_accuracy": 0.9, "fit_seconds": 60.0}))
-        calls.append(command)
-
-    calls = []
-    monkeypatch.setattr(subprocess, "run", fake_main_sh)
-    report = mainjob.main(["--try", "s1", "--out", str(tmp_path / "runs"), "--docs",
-                           str(tmp_path / "docs"), "--validation-split", "100", "--seed", "1"])
-    assert calls == [["bash", "scripts/main.sh", "--run-dir",
-                      str(tmp_path / "runs" / "tries" / "s1"), "--validation-split", "100",
-                      "--seed", "1"]]  # --seed is apps.train's, not an abbreviated --seeds
-    assert report["command"] == "bash scripts/main.sh --validation-split 100 --seed 1"
-    assert report["epoch_seconds"] == [30.5, 29.0]
-    assert json.loads((tmp_path / "docs" / "tries" / "s1.json").read_text()) == report
-
-
 def smoke_forward_flops() -> float:
     """The smoke model's forward FLOPs (2 x multiply-adds), counted here from its shape:
     32 px in 8 px patches, width 32, 2 blocks, MLP 64, 1000 classes."""

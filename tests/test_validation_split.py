@@ -78,12 +78,13 @@ def test_mainjob_try_records_the_runs_result_epoch_seconds_and_cpu(tmp_path, mon
 
     calls = []
     monkeypatch.setattr(subprocess, "run", fake_main_sh)
-    flags = ["--validation-split", "10000", "--epochs", "2"]
+    flags = ["--validation-split", "10000", "--epochs", "2", "--seed", "1"]  # apps.train's seed
     report = mainjob.main(["--try", "e2", "--out", str(tmp_path / "runs"), "--docs",
                            str(tmp_path / "docs"), *flags])
     run_dir = str(tmp_path / "runs" / "tries" / "e2")
     assert calls == [["bash", "scripts/main.sh", "--run-dir", run_dir, *flags]]
-    assert report["command"] == "bash scripts/main.sh --validation-split 10000 --epochs 2"
+    assert report["command"] == ("bash scripts/main.sh --validation-split 10000 --epochs 2 "
+                                 "--seed 1")
     assert (report["validation_accuracy"], report["epoch_seconds"]) == (0.9, [26.0, 24.0])
     cpu = machine.first_cpu_info()
     assert report["machine"]["cpu"] and report["machine"]["cpu"] == cpu.get(

@@ -11,9 +11,11 @@ import glob
 import json
 import os
 import re
+import statistics
 import sys
 
 from apps.variants import pretrained_table, variant_table
+from benchmarks.input_size import markdown as input_size_markdown
 from benchmarks.machine import machine_line, machines_sentence
 from benchmarks.tables import markdown, memory_markdown, overhead_markdown, table
 
@@ -56,6 +58,33 @@ def mainjob_block() -> str:
 def readme_mainjob_block() -> str:
     return (f"Latest main job: {mainjob_line()} (the run's files are in `docs/mainjob/`; "
             f"seeds, recipe changes and shorter runs: [the main job](docs/mainjob.md)).")
+
+
+def _seed_of(command: str) -> str:
+    """The --seed of a main-job command line (apps.train's default, 0, where none is given)."""
+    found = re.search(r"--seed (\d+)", command)
+    return found.group(1) if found else "0"
+
+
+def mainjob_validation_block() -> str:
+    """The tries that re-derive the default on a validation split (docs/mainjob/tries/val_*),
+    and each setting's mean validation accuracy."""
+    tries = [_json(os.path.join("mainjob", "tries", name))
+             for name in _report_names(os.path.join("mainjob", "tries"))
+             if name.startswith("val_") and not name.endswith(".history.json")]
+    rows = [[str(t["epochs"]), _seed_of(t["command"]), f"{t['validation_accuracy']:.2%}",
+             f"{t['fit_seconds'] / 60:.1f}",
+             f"{min(t['epoch_seconds']):.0f}-{max(t['epoch_seconds']):.0f}",
+             f"`{t['command']}`"] for t in tries]
+    by_epochs = {}
+    for t in tries:
+        by_epochs.setdefault(t["epochs"], []).append(t["validation_accuracy"])
+    means = "; ".join(f"{epochs} epochs: {statistics.mean(scores):.2%} (seeds: {len(scores)})"
+                      for epochs, scores in sorted(by_epochs.items()))
+    machines = "; ".join(sorted({machine_line(t["machine"]) for t in tries}))
+    return (table(["epochs", "seed", "validation accuracy", "model.fit minutes",
+                   "seconds per epoch", "command"], rows)
+            + f"\n\nMean validation accuracy, {means}. Machine: {machines}.")
 
 
 def _export_table(report) -> str:
@@ -153,6 +182,57 @@ def resolution_block() -> str:
             + table(["fine-tuned at", "epochs", "minutes in model.fit", "test accuracy"], rows))
 
 
+def posemb_block() -> str:
+    report = _json("paper/posemb.json")
+    paper = report["paper_five_shot"]
+    rows = [[f"`{kind}`", f"{statistics.mean([r['test_accuracy'] for r in runs]):.2%}",
+             " / ".join(f"{r['test_accuracy']:.2%}" for r in runs),
+             f"{statistics.mean([r['five_shot'] for r in runs]):.2%}",
+             f"{paper[kind]:.2%}" if kind in paper else "(not in Table 8)"]
+            for kind, runs in report["runs"].items()]
+    seeds = ", ".join(str(r["seed"]) for r in next(iter(report["runs"].values())))
+    minutes = sum(r["fit_seconds"] for runs in report["runs"].values() for r in runs) / 60
+    return (f"{machine_line(report['machine'])}, {report['backend']} backend; {report['epochs']} "
+            f"epochs per run, seeds {seeds}, {minutes:.0f} minutes of model.fit in all:\n\n"
+            + table(["position embedding", "test accuracy (mean)", "per seed",
+                     "5-shot linear (mean)", "paper: ViT-B/16, ImageNet 5-shot"], rows))
+
+
+def pooling_block() -> str:
+    report = _json("paper/pooling.json")
+    chosen = report["chosen_on_validation"]
+    rows = [[classifier, f"{r['learning_rate']:g}", f"{r['validation_accuracy']:.2%}",
+             f"{chosen[classifier]['test_accuracy']:.2%}"
+             if r["learning_rate"] == chosen[classifier]["learning_rate"] else ""]
+            for classifier, runs in report["runs"].items() for r in runs]
+    return (f"{machine_line(report['machine'])}, {report['backend']} backend; "
+            f"{report['epochs']} epochs per run on the first "
+            f"{60_000 - report['validation_split']:,} training images, validation on the "
+            f"last {report['validation_split']:,}; each classifier's best rate on validation "
+            f"scored once on the 10,000 test images:\n\n"
+            + table(["classifier", "peak learning rate", "validation accuracy",
+                     "test accuracy (best rate only)"], rows))
+
+
+def shape_block() -> str:
+    report = _json("paper/shape.json")
+    rows = [[name, str(r["shape"]["num_layers"]), str(r["shape"]["hidden_size"]),
+             f"{r['shape']['patch_size']}x{r['shape']['patch_size']}",
+             str(r["tokens"]), f"{r['trainable_parameters']:,}",
+             f"{r['forward_mflop_per_image']:.1f}", str(r["epochs"]),
+             f"{r['training_cost']:.2f}x", f"{r['test_accuracy']:.2%}",
+             f"{r['fit_seconds'] / 60:.1f}"]
+            for name, r in report["runs"].items()]
+    return (f"{machine_line(report['machine'])}, {report['backend']} backend:\n\n"
+            + table(["run", "blocks", "width", "patch", "tokens", "parameters",
+                     "forward MFLOP per image", "epochs", "training compute", "test accuracy",
+                     "minutes in model.fit"], rows))
+
+
+def input_size_block() -> str:
+    return input_size_markdown(_json("paper/input_size.json"))
+
+
 def finetune_memory_block() -> str:
     rows = [[r["backend"], f"{r['variant']}, {r['batch']}", r["setting"],
              f"{r['trainable_parameters']:,}", f"{r['model_mib']:,}", f"{r['peak_mib']:,}",
@@ -206,13 +286,15 @@ def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str
 
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
-          "readmemainjob": readme_mainjob_block,
+          "readmemainjob": readme_mainjob_block, "mainjobvalidation": mainjob_validation_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "finetunelora": finetune_lora_block,
           "finetunequantization": finetune_quantization_block,
           "revisions": revisions_block,
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
+          "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
+          "inputsize": input_size_block,
           "export": export_block, "bench": bench_block,
           "benchscaling": bench_scaling_block, "benchmemory": bench_memory_block,
           "benchxlawidth": lambda: bench_block(os.path.join("bench", "xla-width")),

@@ -57,6 +57,24 @@ def test_numpy_source_and_preprocessing_range_and_shape():
     fit_one_epoch(train, num_classes=3)
 
 
+@backend_independent
+def test_flip_mirrors_each_image_on_its_own_draw():
+    """Batch-level flipping: every image comes out as itself or its left-right mirror, under
+    its own label, and one batch holds both."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (64, 6, 6, 1), dtype=np.uint8)
+    batches = data.make_pipeline(data.from_arrays(images, np.arange(64)), image_size=6,
+                                 num_classes=64, batch_size=64, training=True, crop="none",
+                                 channels=1, seed=0)
+    x, y = next(iter(batches))
+    pixels = np.round((x.numpy() + 1.0) * 127.5).astype(np.uint8)
+    sources = images[y.numpy().argmax(axis=1)]
+    plain = np.all(pixels == sources, axis=(1, 2, 3))
+    mirrored = np.all(pixels == sources[:, :, ::-1], axis=(1, 2, 3))
+    assert np.all(plain | mirrored)
+    assert 10 < mirrored.sum() < 54, mirrored.sum()
+
+
 CLASS_VALUES = np.array([0, 80, 160, 240])  # one flat grey level per class
 
 

@@ -275,35 +275,43 @@ def _resize(image, size):
     return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, size)), 0, 255), tf.uint8)
 
 
-def _prepare(size, num_classes, channels, training, crop, flip, seed=None):
-    """The per-image map: channels, the training crop and flip, resize, one-hot label; seed
-    makes the crops and flips repeatable."""
-    if crop not in ("none", "inception") and not crop.startswith("pad"):
-        raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
+def _prepare(size, training, crop, seed=None):
+    """The per-image map: the training crop, then the resize to size (uint8 kept); seed makes
+    the crops repeatable."""
 
     def prepare(image, label):
         if image.shape.rank == 2:
             image = image[..., None]
-        if channels == 3 and image.shape[-1] == 1:
-            image = tf.repeat(image, 3, axis=-1)
-        if training:
-            if crop == "inception":
-                image = inception_crop(image, seed=seed)
-            elif crop.startswith("pad"):
-                image = pad_crop(image, int(crop[3:] or 4), seed)
-            if flip:
-                image = tf.image.random_flip_left_right(image, seed=seed)
-        image = tf.ensure_shape(_resize(image, size), (*size, channels))  # static for layers
-        return image, tf.one_hot(label, num_classes)
+        channels = image.shape[-1]  # static where the source's is; a crop loses it
+        if training and crop == "inception":
+            image = inception_crop(image, seed=seed)
+        elif training and crop.startswith("pad"):
+            image = pad_crop(image, int(crop[3:] or 4), seed)
+        return tf.ensure_shape(_resize(image, size), (*size, channels)), label
 
     return prepare
 
 
-def _finish(layers):
-    """The per-batch map: the augmentation layers on uint8-range floats, then [-1, 1]."""
+def _needs_per_image_map(element_shape: tf.TensorShape, size, training, crop) -> bool:
+    """False where the images already have the size and no crop is drawn: then every step
+    runs on whole batches."""
+    return not (element_shape.rank == 3 and tuple(element_shape[:2]) == tuple(size)
+                and (not training or crop == "none"))
+
+
+def _finish(size, num_classes, channels, training, flip, layers, seed=None):
+    """The per-batch map: channels, the random horizontal flip (each image its own draw),
+    one-hot labels, the augmentation layers on uint8-range floats, then [-1, 1]."""
     to_unit_range = unit_range()
 
     def finish(images, labels):
+        if channels == 3 and images.shape[-1] == 1:
+            images = tf.repeat(images, 3, axis=-1)
+        images = tf.ensure_shape(images, (None, *size, channels))  # static for the layers
+        if training and flip:
+            mirrored = tf.random.uniform(tf.shape(images)[:1], seed=seed) < 0.5
+            images = tf.where(mirrored[:, None, None, None], tf.reverse(images, [2]), images)
+        labels = tf.one_hot(labels, num_classes)
         images = tf.cast(images, tf.float32)
         for layer in layers:
             out = layer({"images": images, "labels": labels}, training=True)
@@ -339,6 +347,8 @@ def make_pipeline(
     training=False: plain resize, as vit_jax evaluates. Grayscale images are repeated to
     `channels` channels. drop_remainder defaults to training (static shapes for TPUs).
     """
+    if crop not in ("none", "inception") and not crop.startswith("pad"):
+        raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
     size = tuple(image_size) if not isinstance(image_size, int) else (image_size, image_size)
     layers = list(augment) if training else []
     if training and mixup_alpha:
@@ -349,8 +359,9 @@ def make_pipeline(
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.map(_prepare(size, num_classes, channels, training, crop, flip, seed),
-                          num_parallel_calls=AUTOTUNE)
+    if _needs_per_image_map(dataset.element_spec[0].shape, size, training, crop):
+        dataset = dataset.map(_prepare(size, training, crop, seed), num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)
-    return dataset.map(_finish(layers), num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    finish = _finish(size, num_classes, channels, training, flip, layers, seed)
+    return dataset.map(finish, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)

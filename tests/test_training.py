@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import pytest
 
 import vit_keras as vk
 from tests.conftest import TINY, backend_independent, images, randomize
-from vit_keras import training
+from vit_keras import data, training
 
 ROOT = Path(__file__).parents[1]
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
@@ -286,3 +287,39 @@ def test_paper_recipes_hold_the_papers_values():
     sgd = training.make_optimizer(finetune, model, total_steps=20_000)
     assert (type(sgd).__name__, sgd.momentum, sgd.global_clipnorm) == ("SGD", 0.9, 1.0)
     assert float(sgd._learning_rate(500)) == pytest.approx(finetune.learning_rate)
+
+
+def test_final_patch_drop_rate_trains_the_last_epochs_on_every_patch(tmp_path):
+    """At a learning rate too small to move the weights, an epoch's training loss equals the
+    inference loss on the same images exactly when the training step keeps every patch: so
+    the first epoch (rate 0.5) differs from it and the last (final rate 0) matches it, on a
+    training step traced anew for the new token count."""
+    rng = np.random.default_rng(0)
+    pixels, labels = rng.integers(0, 256, (16, 16, 16, 3), dtype=np.uint8), np.arange(16) % 4
+    model = randomize(vk.vit(TINY | dict(patch_size=4), image_size=16, num_classes=4,
+                             classifier="gap", posemb="sincos2d", patch_drop_rate=0.5))
+    recipe = dataclasses.replace(training.RECIPES["fashion_mnist"], flip=False, weight_decay=0.0,
+                                 warmup_steps=0, final_patch_drop_rate=0.0,
+                                 final_patch_drop_epochs=1)
+    batches = data.make_pipeline(data.from_arrays(pixels, labels), image_size=16,
+                                 num_classes=4, batch_size=8, training=True, crop="none",
+                                 flip=False, seed=0)
+    history = training.train(model, recipe, batches.repeat(), epochs=2, steps_per_epoch=2,
+                             run_dir=str(tmp_path), learning_rate=1e-12, verbose=0)
+    inference = model.evaluate(batches, verbose=0, return_dict=True)["loss"]
+    assert model.get_layer("patch_dropout").rate == 0.0
+    assert abs(history[0]["loss"] - inference) > 1e-3, (history[0]["loss"], inference)
+    np.testing.assert_allclose(history[1]["loss"], inference, rtol=1e-5)
+
+
+def test_final_patch_drop_rate_needs_patch_dropout_and_enough_epochs(tmp_path):
+    recipe = dataclasses.replace(training.RECIPES["fashion_mnist"], final_patch_drop_rate=0.0,
+                                 final_patch_drop_epochs=3)
+    plain = vk.vit(TINY, image_size=16, num_classes=4)
+    with pytest.raises(ValueError, match="needs a model built with patch dropout.*"
+                                         "has no layer 'patch_dropout'"):
+        training.patch_drop_callbacks(recipe, plain, epochs=5)
+    dropping = vk.vit(TINY, image_size=16, num_classes=4, patch_drop_rate=0.5)
+    with pytest.raises(ValueError, match=r"final_patch_drop_epochs 3: expected 1 to the run's "
+                                         r"2 epochs"):
+        training.patch_drop_callbacks(recipe, dropping, epochs=2)

@@ -156,6 +156,7 @@ PRE_NORM = "Transformer_pre_norm"
 FC_NORM = "fc_norm"
 HEAD_DIST = "head_dist"
 POOL_DIST = "pool_dist"
+PATCH_DROPOUT = "patch_dropout"
 
 
 BLOCK_PREFIX = "Transformer_encoderblock_"

@@ -135,7 +135,7 @@ def vit(
                          layer_norm_epsilon)
     x = _embed(images, (height, width), dynamic_image_size, config, posemb, tokens)
     if patch_drop_rate:
-        x = PatchDropout(patch_drop_rate, tokens.num_prefix, name="patch_dropout")(x)
+        x = PatchDropout(patch_drop_rate, tokens.num_prefix, name=configs.PATCH_DROPOUT)(x)
     x = keras.layers.Dropout(dropout_rate, name="Transformer_dropout")(x)
     block_options = {"approximate_gelu": approximate_gelu, "attention_kernel": attention_kernel,
                      "remat": remat, "layer_scale": layer_scale, "qkv_bias": qkv_bias,

@@ -34,6 +34,11 @@ class Recipe:
     dropout_rate: float = 0.0
     stochastic_depth_rate: float = 0.0
     patch_drop_rate: float = 0.0  # vk.vit's: patch tokens each training image leaves out
+    # The rate over the last final_patch_drop_epochs epochs (None: patch_drop_rate throughout):
+    # a few epochs on more of each image's patches fit the model to the whole grid it is
+    # evaluated on (FLIP's unmasked tuning, Li et al. 2023).
+    final_patch_drop_rate: float | None = None
+    final_patch_drop_epochs: int = 1
     randaugment: tuple[int, float] | None = None  # (num_ops, magnitude 0..1)
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
@@ -364,6 +369,38 @@ class KeptCheckpoints(keras.callbacks.Callback):
             os.remove(path)
 
 
+class FinalPatchDropRate(keras.callbacks.Callback):
+    """Sets the model's PatchDropout layer to `rate` from epoch `first_epoch` (from 0) on, and
+    has model.fit trace its training step anew for the new token count. A resumed run sets it
+    again at its first epoch."""
+
+    def __init__(self, rate: float, first_epoch: int):
+        super().__init__()
+        self.rate, self.first_epoch = rate, first_epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        layer = self.model.get_layer(configs.PATCH_DROPOUT)
+        if epoch >= self.first_epoch and layer.rate != self.rate:
+            layer.rate = self.rate
+            self.model.make_train_function(force=True)
+
+
+def patch_drop_callbacks(recipe: Recipe, model: keras.Model,
+                         epochs: int) -> list[keras.callbacks.Callback]:
+    """The recipe's change of patch dropout rate for its last epochs, if it has one."""
+    if recipe.final_patch_drop_rate is None:
+        return []
+    if configs.PATCH_DROPOUT not in {layer.name for layer in model.layers}:
+        raise ValueError(f"final_patch_drop_rate {recipe.final_patch_drop_rate} needs a model "
+                         f"built with patch dropout (vk.vit(patch_drop_rate=...)); model "
+                         f"{model.name!r} has no layer {configs.PATCH_DROPOUT!r}")
+    if not 0 < recipe.final_patch_drop_epochs <= epochs:
+        raise ValueError(f"final_patch_drop_epochs {recipe.final_patch_drop_epochs!r}: expected "
+                         f"1 to the run's {epochs} epochs")
+    return [FinalPatchDropRate(recipe.final_patch_drop_rate,
+                               epochs - recipe.final_patch_drop_epochs)]
+
+
 def callbacks(run_dir: str, tensorboard: bool = True,
               keep_checkpoints: int = 1) -> list[keras.callbacks.Callback]:
     """Checkpoint, resume, logs and NaN guard for a run kept in run_dir: last.keras is the
@@ -405,5 +442,6 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
     run_callbacks = callbacks(run_dir, keep_checkpoints=keep_checkpoints)
     model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
               validation_data=validation_data, validation_freq=validation_freq,
-              callbacks=run_callbacks, verbose=verbose)
+              callbacks=patch_drop_callbacks(recipe, model, epochs) + run_callbacks,
+              verbose=verbose)
     return next(c for c in run_callbacks if isinstance(c, HistoryFile)).read()

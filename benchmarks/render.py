@@ -87,6 +87,19 @@ def mainjob_validation_block() -> str:
             + f"\n\nMean validation accuracy, {means}. Machine: {machines}.")
 
 
+def mainjob_fast_block() -> str:
+    """The tries behind the six-minute default (docs/mainjob/tries/fast_*), one row each."""
+    tries = [_json(os.path.join("mainjob", "tries", name))
+             for name in _report_names(os.path.join("mainjob", "tries"))
+             if name.startswith("fast_") and not name.endswith(".history.json")]
+    rows = [[t["backend"], str(t["epochs"]), f"{t['validation_accuracy']:.2%}",
+             f"{t['fit_seconds'] / 60:.1f}", f"{statistics.median(t['epoch_seconds']):.0f}",
+             f"`{t['command']}`"] for t in tries]
+    machines = "; ".join(sorted({machine_line(t["machine"]) for t in tries}))
+    return (table(["backend", "epochs", "validation accuracy", "model.fit minutes",
+                   "median seconds per epoch", "command"], rows) + f"\n\nMachine: {machines}.")
+
+
 def _export_table(report) -> str:
     return table(["format", "size", "max abs diff (probabilities)", "top-1 agreement",
                   "latency ms/image", "within tolerance"],
@@ -287,6 +300,7 @@ def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "readmemainjob": readme_mainjob_block, "mainjobvalidation": mainjob_validation_block,
+          "mainjobfast": mainjob_fast_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "finetunelora": finetune_lora_block,
           "finetunequantization": finetune_quantization_block,

@@ -3,7 +3,7 @@
 # test split and saves it (runs/fashion_mnist/). Extra arguments go to `python -m apps.train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh main
 if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist >/dev/null

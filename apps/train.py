@@ -30,11 +30,14 @@ from .common import (
     run,
 )
 
-# The main job's model: 7x7 patches of 4x4 pixels, 4 blocks of width 64, global average
+# The main job's model: 4x4 patches of 7x7 pixels, 4 blocks of width 64, global average
 # pooling and fixed sincos2d position embeddings (big_vision's "plain ViT" choices).
 MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
-                      patch_size=4, image_size=28, num_classes=10, classifier="gap",
+                      patch_size=7, image_size=28, num_classes=10, classifier="gap",
                       posemb="sincos2d")
+# Its epochs: what fits six minutes of model.fit on the slowest 2-core CPU of the project's
+# machines (docs/mainjob.md); other runs default to DEFAULT_EPOCHS.
+MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 13, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
@@ -67,7 +70,9 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit = parser.add_argument_group("training")
     fit.add_argument("--recipe", default=None, choices=RECIPES,
                      help="default: fashion_mnist for the main job, else scratch")
-    fit.add_argument("--epochs", type=positive_int, default=20, help="passes over the data")
+    fit.add_argument("--epochs", type=positive_int, default=None,
+                     help=f"passes over the data (default {MAIN_JOB_EPOCHS} for the main job, "
+                          f"else {DEFAULT_EPOCHS})")
     fit.add_argument("--batch-size", type=positive_int, default=128,
                      help="global batch, split over the replicas")
     fit.add_argument("--learning-rate", type=float, default=None, help="the schedule's peak")
@@ -143,6 +148,9 @@ def fill_defaults(args) -> None:
     if args.recipe is None:
         plain_main_job = args.dataset == "fashion_mnist" and not args.folder
         args.recipe = "fashion_mnist" if plain_main_job else "scratch"
+    if args.epochs is None:
+        args.epochs = MAIN_JOB_EPOCHS if main_job and args.recipe == "fashion_mnist" else (
+            DEFAULT_EPOCHS)
 
 
 def run_dir_of(args) -> str:
@@ -285,11 +293,14 @@ def build_model(args, recipe, num_classes, distribution):
 
 def write_results(args, run_dir, model, names, num_classes, history, eval_batches, started,
                   fit_started) -> dict:
+    import keras
+
     import vit_keras as vk
 
     model_path = os.path.join(run_dir, "model.keras")
     (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
-    result = {"epochs": len(history), "fit_seconds": round(time.time() - fit_started, 1),
+    result = {"epochs": len(history), "backend": keras.backend.backend(),
+              "fit_seconds": round(time.time() - fit_started, 1),
               "model": model_path, "trainable_parameters": sum(
                   int(math.prod(weight.shape)) for weight in model.trainable_weights)}
     if eval_batches is not None:

@@ -50,8 +50,7 @@ def record_try(name: str, run_dir: str, tries_dir: str, flags: list[str]) -> dic
     NAME.history.json."""
     result = run_main_job(run_dir, ["--run-dir", run_dir, *flags])
     report = {"command": " ".join(["bash scripts/main.sh", *flags]), **result,
-              "epoch_seconds": epoch_seconds(run_dir), "machine": describe_host(),
-              "backend": os.environ.get("KERAS_BACKEND", "tensorflow")}  # as scripts/main.sh
+              "epoch_seconds": epoch_seconds(run_dir), "machine": describe_host()}
     os.makedirs(tries_dir, exist_ok=True)
     shutil.copy(os.path.join(run_dir, "history.json"),
                 os.path.join(tries_dir, f"{name}.history.json"))
@@ -90,7 +89,7 @@ def main(argv=None) -> dict:
     results = {str(seed): run_seed(seed, run_dir, flags) for seed, run_dir in run_dirs.items()}
     report = {"command": " ".join(["bash scripts/main.sh --seed N", *flags]),
               "machine": describe_host(),
-              "backend": os.environ.get("KERAS_BACKEND", "tensorflow"),  # as scripts/main.sh
+              "backend": results[str(args.seeds[0])]["backend"],
               "epochs": results[str(args.seeds[0])]["epochs"], **summarise(results),
               "seeds": {seed: {k: r[k] for k in ("test_accuracy", "fit_seconds",
                                                   "total_seconds")}

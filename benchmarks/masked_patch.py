@@ -1,7 +1,8 @@
 """The paper's masked patch prediction experiment (Section 4.6) at Fashion-MNIST scale, with
-the main job's model: pre-train on the training images without their labels, then fine-tune,
-against training from scratch for as many epochs in all; and the linear probes of the
-pre-trained representation against a randomly initialised one.
+the experiments' model (benchmarks.ablation.EXPERIMENT_SHAPE): pre-train on the training
+images without their labels, then fine-tune, against training from scratch for as many epochs
+in all; and the linear probes of the pre-trained representation against a randomly
+initialised one.
 
 python -m benchmarks.masked_patch [--pretrain-epochs 3] [--finetune-epochs 3]
     [--out runs/mpp] [--limit N] [--recipe-option FIELD=VALUE ...]
@@ -19,6 +20,7 @@ import keras
 
 from apps import finetune, pretrain, train
 from benchmarks import limit_flags, write_json
+from benchmarks.ablation import EXPERIMENT_FLAGS
 from benchmarks.machine import describe_host
 from benchmarks.probes import probes
 
@@ -37,13 +39,15 @@ def main(argv=None) -> dict:
     total = args.pretrain_epochs + args.finetune_epochs
     keras.utils.set_random_seed(0)
     pretrained = pretrain.main(["--epochs", str(args.pretrain_epochs), "--run-dir",
-                                os.path.join(args.out, "pretrain"), *limit])
+                                os.path.join(args.out, "pretrain"), *EXPERIMENT_FLAGS, *limit])
     tuned = finetune.main([pretrained["backbone"], "--recipe", "fashion_mnist", "--epochs",
                            str(args.finetune_epochs), "--run-dir",
-                           os.path.join(args.out, "finetune"), *limit, *supervised])
+                           os.path.join(args.out, "finetune"), *EXPERIMENT_FLAGS, *limit,
+                           *supervised])
     keras.utils.set_random_seed(0)
     scratch = train.main(["--epochs", str(total), "--run-dir",
-                          os.path.join(args.out, "scratch"), *limit, *supervised])
+                          os.path.join(args.out, "scratch"), *EXPERIMENT_FLAGS, *limit,
+                          *supervised])
     backbone = keras.saving.load_model(pretrained["backbone"])
     keras.utils.set_random_seed(0)
     random_backbone = keras.models.clone_model(backbone)  # same layers, fresh initial weights

@@ -100,6 +100,34 @@ def mainjob_fast_block() -> str:
                    "median seconds per epoch", "command"], rows) + f"\n\nMachine: {machines}.")
 
 
+def mainjob_backends_block() -> str:
+    """The main job on each backend (docs/mainjob/seeds.json, the default's, and
+    docs/mainjob/backends/BACKEND/seeds.json), beside what a training step costs there
+    (docs/mainjob/steps/BACKEND.json, benchmarks.step_cost)."""
+    runs = [_json(os.path.join("mainjob", "seeds.json"))] + [
+        _json(os.path.relpath(path, DOCS))
+        for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", "backends", "*", "seeds.json")))]
+    rows = []
+    for run in runs:
+        steps = _json(os.path.join("mainjob", "steps", f"{run['backend']}.json"))
+        small, large = sorted(steps["ms_per_step"], key=int)
+        prefix = "" if run is runs[0] else f"KERAS_BACKEND={run['backend']} "
+        rows.append([run["backend"], f"{run['mean_test_accuracy']:.2%}", str(len(run["seeds"])),
+                     f"{run['mean_fit_minutes']:.1f}", f"{steps['ms_per_step'][small]:.1f}",
+                     f"{steps['ms_per_step'][large]:.1f}", f"{steps['fixed_ms_per_step']:.1f}",
+                     f"{steps['ms_per_image']:.3f}", f"`{prefix}{run['command']}`"])
+    machines = "; ".join(sorted({machine_line(run["machine"]) for run in runs}))
+    return (table(["backend", "test accuracy", "seeds", "model.fit minutes",
+                   f"ms per step of {small}", f"ms per step of {large}", "fixed ms per step",
+                   "ms per image", "command"], rows) + f"\n\nMachine: {machines}.")
+
+
+def setup_line() -> str:
+    report = _json(os.path.join("mainjob", "setup.json"))
+    return (f"`{report['command']}` on a fresh clone took {report['seconds']:.0f} s "
+            f"({report['pip']}; {machine_line(report['machine'])}).")
+
+
 def _export_table(report) -> str:
     return table(["format", "size", "max abs diff (probabilities)", "top-1 agreement",
                   "latency ms/image", "within tolerance"],
@@ -301,6 +329,7 @@ def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "readmemainjob": readme_mainjob_block, "mainjobvalidation": mainjob_validation_block,
           "mainjobfast": mainjob_fast_block,
+          "mainjobbackends": mainjob_backends_block, "mainjobsetup": setup_line,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "finetunelora": finetune_lora_block,
           "finetunequantization": finetune_quantization_block,

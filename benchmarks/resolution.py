@@ -1,9 +1,10 @@
-"""The paper's fine-tuning at a higher resolution (Section 3.2) at Fashion-MNIST scale: the main
-job's trained model fine-tuned at a larger image size (more patches of the same size, the
-position embeddings fitted to the new grid), against fine-tuning it at 28 px for about as
-long (the same number of training images seen times the token ratio).
+"""The paper's fine-tuning at a higher resolution (Section 3.2) at Fashion-MNIST scale: a main
+job's trained model (4x4-pixel patches, docs/models/fashion_mnist_p4.keras) fine-tuned at a
+larger image size (more patches of the same size, the position embeddings fitted to the new
+grid), against fine-tuning it at 28 px for about as long (the same number of training images
+seen times the token ratio).
 
-python -m benchmarks.resolution [--model docs/mainjob/model.keras] [--image-size 40]
+python -m benchmarks.resolution [--model docs/models/fashion_mnist_p4.keras] [--image-size 40]
     [--epochs 1] [--recipe fashion_mnist] [--learning-rate 3e-4] [--out runs/resolution]
     [--limit N] [--json docs/paper/resolution.json]
 """
@@ -17,12 +18,14 @@ from apps import finetune
 from benchmarks import limit_flags, write_json
 from benchmarks.machine import describe_host
 
-PATCH_SIZE, BASE_SIZE = 4, 28  # the main job's
+# fashion_mnist_p4.keras's patch and image size, and the patch dropout its recipe had then
+PATCH_SIZE, BASE_SIZE, PATCH_DROP_RATE = 4, 28, 0.5
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=os.path.join("docs", "mainjob", "model.keras"))
+    parser.add_argument("--model",
+                        default=os.path.join("docs", "models", "fashion_mnist_p4.keras"))
     parser.add_argument("--image-size", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--recipe", default="fashion_mnist")
@@ -38,7 +41,8 @@ def main(argv=None) -> dict:
     for size, epochs in ((args.image_size, args.epochs), (BASE_SIZE, base_epochs)):
         keras.utils.set_random_seed(0)
         runs[f"{size}px"] = finetune.main([
-            args.model, "--image-size", str(size), "--recipe", args.recipe,
+            args.model, "--image-size", str(size), "--patch-size", str(PATCH_SIZE),
+            "--recipe", args.recipe, "--recipe-option", f"patch_drop_rate={PATCH_DROP_RATE}",
             "--learning-rate", str(args.learning_rate), "--epochs", str(epochs),
             "--run-dir", os.path.join(args.out, f"{size}px"), *limit])
     report = {"machine": describe_host(), "backend": keras.backend.backend(),

@@ -1,8 +1,9 @@
-"""The paper's Appendix D.2 at Fashion-MNIST scale: where twice the main job's training compute
-pays most. The main job's model trained for twice the epochs, against three shapes that each
-cost about twice its FLOPs per image, trained for the base epochs: deeper (8 blocks), wider
-(width 96) and smaller patches (2x2 pixels, four times the tokens, at half the width so that
-the cost stays at about twice). The cost is counted analytically (runners.forward_flops).
+"""The paper's Appendix D.2 at Fashion-MNIST scale: where twice the training compute pays
+most. The experiments' model (benchmarks.ablation.EXPERIMENT_SHAPE) trained for twice the
+epochs, against three shapes that each cost about twice its FLOPs per image, trained for the
+base epochs: deeper (8 blocks), wider (width 96) and smaller patches (2x2 pixels, four times
+the tokens, at half the width so that the cost stays at about twice). The cost is counted
+analytically (runners.forward_flops).
 
 python -m benchmarks.shape [--epochs 1] [--shapes NAME ...] [--out runs/shape] [--limit N]
     [--json docs/paper/shape.json]
@@ -19,9 +20,9 @@ import keras
 import vit_keras as vk
 from apps.train import MAIN_JOB_MODEL
 from benchmarks import write_json
-from benchmarks.ablation import train_run
+from benchmarks.ablation import EXPERIMENT_SHAPE, train_run
 from benchmarks.machine import describe_host
-from benchmarks.runners import MAIN_JOB_SHAPE, forward_flops
+from benchmarks.runners import forward_flops
 
 # name: (changes to the base shape, epochs as a multiple of --epochs); heads stay 16 wide.
 SHAPES = {
@@ -49,10 +50,10 @@ def costs(base_epochs: int) -> dict:
         return forward_flops(vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"],
                              num_classes=MAIN_JOB_MODEL["num_classes"], class_token=False)
 
-    base = flops(MAIN_JOB_SHAPE) * base_epochs
+    base = flops(EXPERIMENT_SHAPE) * base_epochs
     plans = {}
     for name, (changes, epoch_factor) in SHAPES.items():
-        shape, epochs = {**MAIN_JOB_SHAPE, **changes}, base_epochs * epoch_factor
+        shape, epochs = {**EXPERIMENT_SHAPE, **changes}, base_epochs * epoch_factor
         plans[name] = {"shape": shape, "epochs": epochs,
                        "tokens": (MAIN_JOB_MODEL["image_size"] // shape["patch_size"]) ** 2,
                        "forward_mflop_per_image": round(flops(shape) / 1e6, 2),

@@ -283,14 +283,19 @@ def assert_starts_from(model_file, params):
         assert moved < 0.1 * np.abs(params[key]).max(), (key, moved)
 
 
-def test_pretrain_keeps_every_patch_unless_patch_dropout_is_asked_for(tmp_path):
+def test_pretrain_keeps_every_patch_unless_patch_dropout_is_asked_for(tmp_path, monkeypatch):
+    import dataclasses
+
     from apps import pretrain
+
+    # a recipe with patch dropout, which pretrain must undo (the built-in ones have none)
+    monkeypatch.setitem(training.RECIPES, "fashion_mnist", dataclasses.replace(
+        training.RECIPES["fashion_mnist"], patch_drop_rate=0.5))
 
     write_images(tmp_path / "images", 8, 32, seed=7)
     common = [*(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()), "--folder",
               str(tmp_path / "images"), "--image-size", "32", "--epochs", "1", "--batch-size",
               "4", "--recipe", "fashion_mnist", "--run-dir", str(tmp_path / "pre")]
-    assert training.RECIPES["fashion_mnist"].patch_drop_rate > 0  # what pretrain must undo
     assert pretrain.main(common)["epochs"] == 1
     with pytest.raises(ValueError, match="build it with patch_drop_rate=0"):
         pretrain.main([*common, "--recipe-option", "patch_drop_rate=0.5", "--overwrite"])

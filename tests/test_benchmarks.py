@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import keras
+import numpy as np
 import pytest
 
 from benchmarks import SMOKE_MODEL
@@ -422,8 +423,9 @@ def test_masked_patch_experiment_runs_both_arms_and_both_probes(tmp_path):
 def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     from benchmarks import resolution
 
-    report = resolution.main(["--model", str(ROOT / "docs" / "mainjob" / "model.keras"),
-                              "--image-size", "40", "--limit", "128", "--out", str(tmp_path)])
+    base = ROOT / "docs" / "models" / "fashion_mnist_p4.keras"
+    report = resolution.main(["--model", str(base), "--image-size", "40", "--limit", "128",
+                              "--out", str(tmp_path)])
     assert report["token_ratio"] == round(100 / 49, 3)
     assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2
 
@@ -441,7 +443,8 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
         for name in mainjob.RUN_FILES:
             (run_dir / name).write_text("seed 1's")
         (run_dir / "result.json").write_text(json.dumps(
-            {"epochs": 18, "test_accuracy": 0.9, "fit_seconds": 540.0, "total_seconds": 560.0}))
+            {"epochs": 18, "backend": "jax", "test_accuracy": 0.9, "fit_seconds": 540.0,
+             "total_seconds": 560.0}))
         calls.append(command)
 
     calls = []
@@ -451,12 +454,14 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     for name in mainjob.RUN_FILES:
         (seed0 / name).write_text("seed 0's")
     (seed0 / "result.json").write_text(json.dumps(
-        {"epochs": 18, "test_accuracy": 0.92, "fit_seconds": 480.0, "total_seconds": 500.0}))
+        {"epochs": 18, "backend": "jax", "test_accuracy": 0.92, "fit_seconds": 480.0,
+         "total_seconds": 500.0}))
     report = mainjob.main(["--seeds", "0", "1", "--out", str(tmp_path / "runs"), "--docs",
                            str(tmp_path / "docs"), "--epochs", "18"])
     assert calls == [["bash", "scripts/main.sh", "--seed", "1", "--run-dir",
                       str(tmp_path / "runs" / "seed1"), "--epochs", "18"]]
     assert report["command"] == "bash scripts/main.sh --seed N --epochs 18"
+    assert report["backend"] == "jax"  # the runs', as their result.json says
     assert (report["mean_test_accuracy"], report["min_test_accuracy"]) == (0.91, 0.9)
     assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
     assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
@@ -520,3 +525,18 @@ def test_overhead_model_has_b16_depth_at_tiny_width_and_its_table_divides_by_tim
     assert "| torch | vit_keras | false | 6.0 | 1.50x timm | 30.0 | 2.00x timm |" in text
     assert ("| torch | vit_keras jit_compile=true | true | 5.0 | 2.50x timm-compile | 20.0 | "
             "2.00x timm-compile |") in text
+
+
+@backend_independent
+def test_step_cost_splits_a_step_into_fixed_and_per_image_parts():
+    from benchmarks import step_cost
+
+    report = step_cost.main(["--batches", "2", "6", "--repeats", "1"])
+    for batch in (2, 6):  # the line goes through both measured steps
+        np.testing.assert_allclose(report["fixed_ms_per_step"] + batch * report["ms_per_image"],
+                                   report["ms_per_step"][str(batch)], atol=0.02)
+    # the main job's model by hand: 16 patches of 7x7x3 to width 64, 4 blocks of 16 tokens
+    # (qkv and out 4*16*64*64, attention 2*16*16*64, MLP 2*16*64*128), a head to 10 classes;
+    # 2 FLOPs a multiply-add, a training step three forward passes
+    macs = 16 * 147 * 64 + 4 * (4 * 16 * 64 * 64 + 2 * 16 * 16 * 64 + 2 * 16 * 64 * 128) + 640
+    assert report["train_gflop_per_image"] == round(3 * 2 * macs / 1e9, 5)

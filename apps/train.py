@@ -37,7 +37,7 @@ MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4
                       posemb="sincos2d")
 # Its epochs: what fits six minutes of model.fit on the slowest 2-core CPU of the project's
 # machines (docs/mainjob.md); other runs default to DEFAULT_EPOCHS.
-MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 13, 20
+MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 11, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}

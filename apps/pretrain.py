@@ -42,6 +42,8 @@ def fill_pretrain_defaults(args) -> None:
         args.recipe = "mpp"
     if args.color_channels is None:
         args.color_channels = 1 if main_job else 3
+    if args.epochs is None:  # the main job's epoch count is for supervised training
+        args.epochs = train.DEFAULT_EPOCHS
     train.fill_defaults(args)
 
 

@@ -35,8 +35,7 @@ from .common import (
 MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
                       patch_size=7, image_size=28, num_classes=10, classifier="gap",
                       posemb="sincos2d")
-# Its epochs: what fits six minutes of model.fit on the slowest 2-core CPU of the project's
-# machines (docs/mainjob.md); other runs default to DEFAULT_EPOCHS.
+# Its epochs, chosen in docs/mainjob.md; other runs default to DEFAULT_EPOCHS.
 MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 11, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
@@ -122,7 +121,7 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--recipe-option", action="append", default=[], metavar="FIELD=VALUE",
                      help="change one field of the recipe (vit_keras.training.Recipe), e.g. "
                           "label_smoothing=0.1; repeat for more")
-    add_model_arguments(parser, "the main job's model (4 blocks of width 64, 4x4-pixel patches "
+    add_model_arguments(parser, "the main job's model (4 blocks of width 64, 7x7-pixel patches "
                                 "of 28-pixel images, global average pooling, sincos2d); with "
                                 "--variant, --image-size is 224 unless given",
                         image_size=None)

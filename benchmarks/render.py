@@ -146,7 +146,8 @@ TI16_EXPORTS = {
 def export_block() -> str:
     report = _json("export/export_report.json")
     images = next(iter(report["formats"].values()))["images"]
-    text = (f"The main job's model ({report['model']}, input {report['input_shape']}), from "
+    text = (f"The main job's model when it had 4x4-pixel patches ({report['model']}, input "
+            f"{report['input_shape']}; `docs/models/fashion_mnist_p4.keras`), from "
             f"`vit-keras export runs/fashion_mnist/model.keras --samples {images} "
             f"--calibration 200` on {images} held-out test images "
             f"(`docs/export/export_report.json`):\n\n" + _export_table(report))
@@ -284,10 +285,11 @@ def finetune_memory_block() -> str:
 
 
 def finetune_lora_block() -> str:
-    """The main job's model, then fine-tuned in full and with LoRA (apps.finetune's
-    result.json of each run, kept in docs/finetune/lora/)."""
-    before = _json("mainjob/result.json")
-    rows = [["before (the main job's model)", "", f"{before['test_accuracy']:.2%}",
+    """The 4x4-pixel main job's model (docs/models/fashion_mnist_p4.keras, its result.json
+    beside it), then fine-tuned in full and with LoRA (apps.finetune's result.json of each
+    run, kept in docs/finetune/lora/)."""
+    before = _json("models/fashion_mnist_p4.result.json")
+    rows = [["before (`fashion_mnist_p4.keras`)", "", f"{before['test_accuracy']:.2%}",
              f"{before['test_top5']:.2%}"]]
     for name, training in (("full", "full fine-tune"),
                            ("rank8", "LoRA rank 8 on query and value")):

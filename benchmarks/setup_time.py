@@ -1,6 +1,7 @@
 """The set-up's time on a fresh clone: the committed tree (git archive HEAD) unpacked into an
-empty folder, then `bash scripts/setup.sh PURPOSE` there, timed from start to end, with the
-machine and the pip that ran. Runs on any Python (it imports nothing of the project's).
+empty folder, then `bash scripts/setup.sh PURPOSE` there with an empty pip cache, as on a
+fresh machine, timed from start to end, with the machine and the pip that ran. Needs only the
+standard library, so any Python runs it.
 
 python -m benchmarks.setup_time [--purpose main|test] [--json docs/mainjob/setup.json]
 """
@@ -25,7 +26,9 @@ def time_setup(purpose: str) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         fresh_clone(folder)
         started = time.monotonic()
-        subprocess.run(["bash", "scripts/setup.sh", purpose], cwd=folder, check=True)
+        cache = os.path.join(folder, ".pip-cache")
+        subprocess.run(["bash", "scripts/setup.sh", purpose], cwd=folder, check=True,
+                       env={**os.environ, "PIP_CACHE_DIR": cache})
         seconds = time.monotonic() - started
         pip = subprocess.run([os.path.join(folder, ".venv", "bin", "python"), "-m", "pip",
                               "--version"], check=True, capture_output=True, text=True)

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import vit_keras  # noqa: F401  (registers the layers the .keras file names)
-from tests.conftest import in_tensorflow_pass
 from vit_keras.data import read_idx
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "docs" / "mainjob"
+RESULT = json.loads((RUN / "result.json").read_text())
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
@@ -30,11 +30,12 @@ def correct_on_test_split(model) -> int:
     return int(np.sum(np.argmax(logits, axis=-1) == labels))
 
 
-@in_tensorflow_pass
+# the backend that scored it: another's float rounding may move a borderline image
+@pytest.mark.skipif(keras.backend.backend() != RESULT["backend"],
+                    reason=f"checked in the {RESULT['backend']} pass, which scored the model")
 @pytest.mark.skipif(not (FASHION_MNIST / "t10k-images-idx3-ubyte.gz").exists(),
                     reason="needs Debian's dataset-fashion-mnist")
 def test_committed_main_job_model_scores_its_committed_test_accuracy():
-    result = json.loads((RUN / "result.json").read_text())
     model = keras.saving.load_model(RUN / "model.keras", safe_mode=True)
     # 10,000 images: four decimals of accuracy name the count of correct images exactly
-    assert correct_on_test_split(model) == round(result["test_accuracy"] * 10_000)
+    assert correct_on_test_split(model) == round(RESULT["test_accuracy"] * 10_000)

@@ -292,11 +292,11 @@ def _prepare(size, training, crop, seed=None):
     return prepare
 
 
-def _needs_per_image_map(element_shape: tf.TensorShape, size, training, crop) -> bool:
-    """False where the images already have the size and no crop is drawn: then every step
-    runs on whole batches."""
-    return not (element_shape.rank == 3 and tuple(element_shape[:2]) == tuple(size)
-                and (not training or crop == "none"))
+def _needs_per_image_map(element: tf.TensorSpec, size, training, crop) -> bool:
+    """False where the images are uint8 of the size already and no crop is drawn: then every
+    step runs on whole batches."""
+    return not (element.dtype == tf.uint8 and element.shape.rank == 3
+                and tuple(element.shape[:2]) == tuple(size) and (not training or crop == "none"))
 
 
 def _finish(size, num_classes, channels, training, flip, layers, seed=None):
@@ -359,7 +359,7 @@ def make_pipeline(
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if _needs_per_image_map(dataset.element_spec[0].shape, size, training, crop):
+    if _needs_per_image_map(dataset.element_spec[0], size, training, crop):
         dataset = dataset.map(_prepare(size, training, crop, seed), num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)

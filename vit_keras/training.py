@@ -395,6 +395,9 @@ def patch_drop_callbacks(recipe: Recipe, model: keras.Model,
         raise ValueError(f"final_patch_drop_rate {recipe.final_patch_drop_rate} needs a model "
                          f"built with patch dropout (vk.vit(patch_drop_rate=...)); model "
                          f"{model.name!r} has no layer {configs.PATCH_DROPOUT!r}")
+    if not (_is_number(recipe.final_patch_drop_rate) and 0 <= recipe.final_patch_drop_rate < 1):
+        raise ValueError(f"final_patch_drop_rate {recipe.final_patch_drop_rate!r}: expected a "
+                         "number in [0, 1)")
     if not 0 < recipe.final_patch_drop_epochs <= epochs:
         raise ValueError(f"final_patch_drop_epochs {recipe.final_patch_drop_epochs!r}: expected "
                          f"1 to the run's {epochs} epochs")

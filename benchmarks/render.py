@@ -66,12 +66,17 @@ def _seed_of(command: str) -> str:
     return found.group(1) if found else "0"
 
 
+def _tries(prefix: str) -> list[dict]:
+    """The main job's tries whose names start with prefix (docs/mainjob/tries/), by name."""
+    return [_json(os.path.join("mainjob", "tries", name))
+            for name in _report_names(os.path.join("mainjob", "tries"))
+            if name.startswith(prefix) and not name.endswith(".history.json")]
+
+
 def mainjob_validation_block() -> str:
     """The tries that re-derive the default on a validation split (docs/mainjob/tries/val_*),
     and each setting's mean validation accuracy."""
-    tries = [_json(os.path.join("mainjob", "tries", name))
-             for name in _report_names(os.path.join("mainjob", "tries"))
-             if name.startswith("val_") and not name.endswith(".history.json")]
+    tries = _tries("val_")
     rows = [[str(t["epochs"]), _seed_of(t["command"]), f"{t['validation_accuracy']:.2%}",
              f"{t['fit_seconds'] / 60:.1f}",
              f"{min(t['epoch_seconds']):.0f}-{max(t['epoch_seconds']):.0f}",
@@ -81,23 +86,20 @@ def mainjob_validation_block() -> str:
         by_epochs.setdefault(t["epochs"], []).append(t["validation_accuracy"])
     means = "; ".join(f"{epochs} epochs: {statistics.mean(scores):.2%} (seeds: {len(scores)})"
                       for epochs, scores in sorted(by_epochs.items()))
-    machines = "; ".join(sorted({machine_line(t["machine"]) for t in tries}))
     return (table(["epochs", "seed", "validation accuracy", "model.fit minutes",
                    "seconds per epoch", "command"], rows)
-            + f"\n\nMean validation accuracy, {means}. Machine: {machines}.")
+            + f"\n\nMean validation accuracy, {means}. {machines_sentence(tries)}")
 
 
 def mainjob_fast_block() -> str:
     """The tries behind the six-minute default (docs/mainjob/tries/fast_*), one row each."""
-    tries = [_json(os.path.join("mainjob", "tries", name))
-             for name in _report_names(os.path.join("mainjob", "tries"))
-             if name.startswith("fast_") and not name.endswith(".history.json")]
+    tries = _tries("fast_")
     rows = [[t["backend"], str(t["epochs"]), f"{t['validation_accuracy']:.2%}",
              f"{t['fit_seconds'] / 60:.1f}", f"{statistics.median(t['epoch_seconds']):.0f}",
              f"`{t['command']}`"] for t in tries]
-    machines = "; ".join(sorted({machine_line(t["machine"]) for t in tries}))
     return (table(["backend", "epochs", "validation accuracy", "model.fit minutes",
-                   "median seconds per epoch", "command"], rows) + f"\n\nMachine: {machines}.")
+                   "median seconds per epoch", "command"], rows)
+            + f"\n\n{machines_sentence(tries)}")
 
 
 def mainjob_backends_block() -> str:
@@ -116,10 +118,9 @@ def mainjob_backends_block() -> str:
                      f"{run['mean_fit_minutes']:.1f}", f"{steps['ms_per_step'][small]:.1f}",
                      f"{steps['ms_per_step'][large]:.1f}", f"{steps['fixed_ms_per_step']:.1f}",
                      f"{steps['ms_per_image']:.3f}", f"`{prefix}{run['command']}`"])
-    machines = "; ".join(sorted({machine_line(run["machine"]) for run in runs}))
     return (table(["backend", "test accuracy", "seeds", "model.fit minutes",
                    f"ms per step of {small}", f"ms per step of {large}", "fixed ms per step",
-                   "ms per image", "command"], rows) + f"\n\nMachine: {machines}.")
+                   "ms per image", "command"], rows) + f"\n\n{machines_sentence(runs)}")
 
 
 def setup_line() -> str:

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import keras
@@ -160,6 +161,30 @@ def test_recipe_fields_reach_the_optimizer():
     assert optimizer._learning_rate.warmup_steps == 10
     with pytest.raises(ValueError, match="unknown optimizer 'lamb'"):
         training.make_optimizer(training.Recipe("lamb", 0.1, "cosine", 0), model, 10)
+
+
+def test_saved_compile_state_loads_on_tensorflow(tmp_path):
+    """A model trained on any backend names its optimizer by its public Keras class in the
+    .keras file, so load_model with its compile state works in a TensorFlow process (the
+    PyTorch backend's own class made that process import torch after TensorFlow and crash)."""
+    model = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3),
+                                   training.RECIPES["fashion_mnist"], total_steps=10)
+    model.train_on_batch(images(4), np.eye(3, dtype="float32")[[0, 1, 2, 0]])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        saved = json.loads(archive.read("config.json"))["compile_config"]["optimizer"]
+    assert (saved["module"], saved["class_name"]) == ("keras.optimizers", "AdamW")
+    if keras.backend.backend() != "torch":
+        return  # the file came from the backend it would load on
+    load = (f"import keras, vit_keras; m = keras.saving.load_model(r'{path}'); "
+            "print(type(m.optimizer).__name__, "
+            "m.optimizer.get_config()['learning_rate']['config']['peak'])")
+    loaded = subprocess.run([sys.executable, "-c", load], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120,
+                            env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert loaded.stdout.split()[-2:] == ["AdamW", "0.003"]
 
 
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",

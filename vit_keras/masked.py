@@ -220,4 +220,4 @@ def compile_masked_patch_model(model: keras.Model, recipe: training.Recipe, tota
     model.compile(optimizer=training.make_optimizer(recipe, model, total_steps, learning_rate),
                   loss=loss, weighted_metrics=metrics, jit_compile=jit_compile,
                   steps_per_execution=steps_per_execution)
-    return model
+    return training.save_public_optimizer(model)

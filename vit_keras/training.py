@@ -304,6 +304,19 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )
+    return save_public_optimizer(model)
+
+
+def save_public_optimizer(model: keras.Model) -> keras.Model:
+    """The compiled model, its saved compile state naming the optimizer's public Keras class.
+    On PyTorch, Keras swaps in a class of its torch backend and saves that module's name; a
+    process on another backend then imports the torch backend to load the file, which crashes
+    one that loaded TensorFlow first. Each backend maps the public class to its own."""
+    optimizer = model.optimizer
+    if type(optimizer).__module__.startswith("keras.src.backend."):
+        config = keras.optimizers.serialize(optimizer)
+        config.update(module="keras.optimizers", registered_name=None)
+        model._compile_config.config["optimizer"] = config
     return model
 
 

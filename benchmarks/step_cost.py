@@ -28,6 +28,7 @@ def main_job_model(argv: list[str]):
     args = train.build_parser().parse_args(argv)
     train.fill_defaults(args)
     recipe = train.recipe_from_arguments(args)
+    keras.config.set_dtype_policy(args.precision)  # as run_training sets it
     model = train.build_model(args, recipe, CLASSES, distribute.choose("none"))
     training.compile_model(model, recipe, total_steps=10**6,
                            jit_compile=train.JIT_COMPILE[args.jit_compile])
@@ -61,7 +62,8 @@ def main(argv=None) -> dict:
     train_flops = TRAIN_FLOPS_PER_FORWARD * forward_flops(
         config, run.image_size, CLASSES, class_token=run.classifier == "token")
     report = {"backend": keras.backend.backend(), "machine": describe_host(),
-              "jit_compile": run.jit_compile, "command_flags": flags,
+              "jit_compile": run.jit_compile, "precision": run.precision,
+              "command_flags": flags,
               "ms_per_step": {str(b): round(1000 * s, 2) for b, s in seconds.items()},
               "fixed_ms_per_step": round(1000 * (seconds[small] - small * per_image), 2),
               "ms_per_image": round(1000 * per_image, 4),

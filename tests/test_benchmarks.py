@@ -540,3 +540,14 @@ def test_step_cost_splits_a_step_into_fixed_and_per_image_parts():
     # 2 FLOPs a multiply-add, a training step three forward passes
     macs = 16 * 147 * 64 + 4 * (4 * 16 * 64 * 64 + 2 * 16 * 16 * 64 + 2 * 16 * 64 * 128) + 640
     assert report["train_gflop_per_image"] == round(3 * 2 * macs / 1e9, 5)
+
+
+@backend_independent
+def test_step_cost_builds_the_model_in_the_precision_asked_for():
+    from benchmarks import step_cost
+
+    model, run = step_cost.main_job_model(["--precision", "mixed_bfloat16"])
+    assert run.precision == "mixed_bfloat16"
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    from vit_keras import configs
+    assert model.get_layer(configs.block_name(0)).compute_dtype == "bfloat16"

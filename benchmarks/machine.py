@@ -46,7 +46,8 @@ def describe_host() -> dict:
     return {"cpu": cpu, "logical_cores": os.cpu_count(),
             "isa": [flag for flag in ISA_FLAGS if flag in flags],
             "memory_gib": round(memory, 1),
-            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE")}
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
 
 def describe_machine() -> dict:
@@ -58,9 +59,19 @@ def machine_line(machine: dict) -> str:
     isa = ", ".join(machine["isa"]) or "none of " + ", ".join(ISA_FLAGS)
     line = (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({isa}), "
             f"{machine['memory_gib']:.0f} GiB")
+    if machine.get("OMP_NUM_THREADS"):
+        line += f", OMP_NUM_THREADS={machine['OMP_NUM_THREADS']}"
     if "devices" in machine:
         line += f", devices {', '.join(machine['devices'])}"
     return line
+
+
+def vector_extension(machine: dict) -> str:
+    """The widest vector extension of a report's CPU, as a table's CPU column names it."""
+    for flag, name in (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")):
+        if flag in machine["isa"]:
+            return name
+    return "no AVX2"
 
 
 def machines_sentence(reports: list[dict]) -> str:

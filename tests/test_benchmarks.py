@@ -5,7 +5,6 @@ import sys
 from pathlib import Path
 
 import keras
-import numpy as np
 import pytest
 
 from benchmarks import SMOKE_MODEL
@@ -239,6 +238,19 @@ def test_machines_sentence_says_which_backends_each_machine_measured():
     assert machine.machines_sentence(
         [report("torch", "B"), report("jax", "A"), report("tensorflow", "B")]) == (
         f"Machines: jax on {line.format('A')}; tensorflow, torch on {line.format('B')}.")
+
+
+@backend_independent
+def test_machine_line_names_a_thread_cap_and_the_widest_vector_extension():
+    from benchmarks import machine
+
+    capped = {"cpu": "A", "logical_cores": 2, "isa": ["avx2", "fma", "avx512f"],
+              "memory_gib": 24.0, "OMP_NUM_THREADS": "1"}
+    assert machine.machine_line(capped) == (
+        "A, 2 logical cores (avx2, fma, avx512f), 24 GiB, OMP_NUM_THREADS=1")
+    assert machine.vector_extension(capped) == "AVX-512"
+    assert machine.vector_extension({**capped, "isa": ["avx2", "fma"]}) == "AVX2"
+    assert machine.vector_extension({**capped, "isa": []}) == "no AVX2"
 
 
 @backend_independent
@@ -528,13 +540,11 @@ def test_overhead_model_has_b16_depth_at_tiny_width_and_its_table_divides_by_tim
 
 
 @backend_independent
-def test_step_cost_splits_a_step_into_fixed_and_per_image_parts():
+def test_step_cost_counts_the_main_jobs_arithmetic():
     from benchmarks import step_cost
 
     report = step_cost.main(["--batches", "2", "6", "--repeats", "1"])
-    for batch in (2, 6):  # the line goes through both measured steps
-        np.testing.assert_allclose(report["fixed_ms_per_step"] + batch * report["ms_per_image"],
-                                   report["ms_per_step"][str(batch)], atol=0.02)
+    assert sorted(report["ms_per_step"]) == ["2", "6"]
     # the main job's model by hand: 16 patches of 7x7x3 to width 64, 4 blocks of 16 tokens
     # (qkv and out 4*16*64*64, attention 2*16*16*64, MLP 2*16*64*128), a head to 10 classes;
     # 2 FLOPs a multiply-add, a training step three forward passes

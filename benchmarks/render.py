@@ -16,7 +16,7 @@ import sys
 
 from apps.variants import pretrained_table, variant_table
 from benchmarks.input_size import markdown as input_size_markdown
-from benchmarks.machine import machine_line, machines_sentence
+from benchmarks.machine import machine_line, machines_sentence, vector_extension
 from benchmarks.tables import markdown, memory_markdown, overhead_markdown, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,12 +94,25 @@ def mainjob_validation_block() -> str:
 def mainjob_fast_block() -> str:
     """The tries behind the six-minute default (docs/mainjob/tries/fast_*), one row each."""
     tries = _tries("fast_")
-    rows = [[t["backend"], str(t["epochs"]), f"{t['validation_accuracy']:.2%}",
-             f"{t['fit_seconds'] / 60:.1f}", f"{statistics.median(t['epoch_seconds']):.0f}",
-             f"`{t['command']}`"] for t in tries]
-    return (table(["backend", "epochs", "validation accuracy", "model.fit minutes",
+    rows = [[t["backend"], vector_extension(t["machine"]), str(t["epochs"]),
+             f"{t['validation_accuracy']:.2%}", f"{t['fit_seconds'] / 60:.1f}",
+             f"{statistics.median(t['epoch_seconds']):.0f}", f"`{t['command']}`"]
+            for t in tries]
+    return (table(["backend", "CPU", "epochs", "validation accuracy", "model.fit minutes",
                    "median seconds per epoch", "command"], rows)
             + f"\n\n{machines_sentence(tries)}")
+
+
+def mainjob_step_options_block() -> str:
+    """What each speed option does to a training step of the main job
+    (docs/mainjob/steps/options.json, benchmarks.step_options)."""
+    report = _json(os.path.join("mainjob", "steps", "options.json"))
+    rows = [[row["option"], " ".join(row["flags"]) or "-", str(row["batch"]),
+             f"{row['ms_per_step']:.1f}", f"{row['ms_per_image']:.3f}",
+             f"{row['speed_vs_plain']:.2f}x"] for row in report["rows"]]
+    return (table(["option", "flags", "batch", "ms per step", "ms per image",
+                   "images per second against plain"], rows)
+            + f"\n\n{machines_sentence([report])}")
 
 
 def mainjob_backends_block() -> str:
@@ -333,6 +346,7 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "readmemainjob": readme_mainjob_block, "mainjobvalidation": mainjob_validation_block,
           "mainjobfast": mainjob_fast_block,
           "mainjobbackends": mainjob_backends_block, "mainjobsetup": setup_line,
+          "mainjobstepoptions": mainjob_step_options_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "finetunelora": finetune_lora_block,
           "finetunequantization": finetune_quantization_block,

@@ -35,14 +35,17 @@ def main_job_model(argv: list[str]):
     return model, args
 
 
+def step_call(model, batch: int, image_size: int):
+    """One training step of model on a batch of random images and labels, as a call."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (batch, image_size, image_size, 3)).astype("float32")
+    y = np.eye(CLASSES, dtype="float32")[rng.integers(0, CLASSES, batch)]
+    return lambda: model.train_on_batch(x, y)
+
+
 def step_seconds(model, batches: list[int], image_size: int, repeats: int) -> dict[int, float]:
     """Median seconds of one training step at each batch size."""
-    rng = np.random.default_rng(0)
-    calls = {}
-    for batch in batches:
-        x = rng.uniform(-1, 1, (batch, image_size, image_size, 3)).astype("float32")
-        y = np.eye(CLASSES, dtype="float32")[rng.integers(0, CLASSES, batch)]
-        calls[batch] = lambda x=x, y=y: model.train_on_batch(x, y)
+    calls = {batch: step_call(model, batch, image_size) for batch in batches}
     return timed_in_turns(calls, repeats=repeats, warmup=3, min_sample_s=0.5)
 
 

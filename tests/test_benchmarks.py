@@ -553,6 +553,25 @@ def test_step_cost_counts_the_main_jobs_arithmetic():
 
 
 @backend_independent
+def test_step_options_build_each_model_with_its_option_only():
+    from benchmarks import step_options
+    from vit_keras import configs
+
+    models = step_options.option_models(["plain", "no_gradient_clipping", "mixed_bfloat16",
+                                         "jit_compile"])
+    assert keras.config.dtype_policy().name == "float32"
+    block = {name: model.get_layer(configs.block_name(0)) for name, (model, _) in models.items()}
+    assert [block[name].compute_dtype for name in models] == [
+        "float32", "float32", "bfloat16", "float32"]
+    assert [model.optimizer.global_clipnorm for model, _ in models.values()] == [
+        1.0, None, 1.0, 1.0]
+    assert [model.jit_compile for model, _ in models.values()] == [False, False, False, True]
+    report = step_options.main(["--options", "batch_256", "--repeats", "1"])
+    assert [(row["option"], row["batch"]) for row in report["rows"]] == [
+        ("plain", 128), ("batch_256", 256)]
+
+
+@backend_independent
 def test_step_cost_builds_the_model_in_the_precision_asked_for():
     from benchmarks import step_cost
 

@@ -33,6 +33,6 @@ def train_run(flags: list[str], run_dir: str, limit: int | None) -> dict:
 
 def five_shot(model_path: str, limit: int | None) -> float:
     """The paper's 5-shot linear accuracy of the trained model's pooled representation."""
-    report = probes(keras.saving.load_model(model_path), limit, shots=(5,),
+    report = probes(keras.saving.load_model(model_path, compile=False), limit, shots=(5,),
                     draws=FEW_SHOT_DRAWS)
     return report["few_shot"]["5"]

@@ -31,10 +31,8 @@ OPTIONS = {
 def option_models(names: list[str]) -> dict:
     """Each option's compiled model (built under the option's precision, the global policy
     float32 again afterwards) and its parsed arguments."""
-    models = {}
-    for name in names:
-        models[name] = main_job_model(OPTIONS[name][0])
-        keras.config.set_dtype_policy("float32")
+    models = {name: main_job_model(OPTIONS[name][0]) for name in names}
+    keras.config.set_dtype_policy("float32")
     return models
 
 

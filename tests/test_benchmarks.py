@@ -251,6 +251,7 @@ def test_machine_line_names_a_thread_cap_and_the_widest_vector_extension():
     assert machine.vector_extension(capped) == "AVX-512"
     assert machine.vector_extension({**capped, "isa": ["avx2", "fma"]}) == "AVX2"
     assert machine.vector_extension({**capped, "isa": []}) == "no AVX2"
+    assert machine.vector_extension({**capped, "isa": ["avx512f", "amx_bf16"]}) == "AMX"
 
 
 @backend_independent
@@ -557,15 +558,15 @@ def test_step_options_build_each_model_with_its_option_only():
     from benchmarks import step_options
     from vit_keras import configs
 
-    models = step_options.option_models(["plain", "no_gradient_clipping", "mixed_bfloat16",
-                                         "jit_compile"])
-    assert keras.config.dtype_policy().name == "float32"
+    models = step_options.option_models(["plain", "no_gradient_clipping", "jit_compile",
+                                         "mixed_bfloat16"])
+    assert keras.config.dtype_policy().name == "float32"  # after a bfloat16 model
     block = {name: model.get_layer(configs.block_name(0)) for name, (model, _) in models.items()}
     assert [block[name].compute_dtype for name in models] == [
-        "float32", "float32", "bfloat16", "float32"]
+        "float32", "float32", "float32", "bfloat16"]
     assert [model.optimizer.global_clipnorm for model, _ in models.values()] == [
         1.0, None, 1.0, 1.0]
-    assert [model.jit_compile for model, _ in models.values()] == [False, False, False, True]
+    assert [model.jit_compile for model, _ in models.values()] == [False, False, True, False]
     report = step_options.main(["--options", "batch_256", "--repeats", "1"])
     assert [(row["option"], row["batch"]) for row in report["rows"]] == [
         ("plain", 128), ("batch_256", 256)]

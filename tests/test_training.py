@@ -163,10 +163,12 @@ def test_recipe_fields_reach_the_optimizer():
         training.make_optimizer(training.Recipe("lamb", 0.1, "cosine", 0), model, 10)
 
 
-def test_saved_compile_state_loads_on_tensorflow(tmp_path):
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])  # float16: loss scaling
+def test_saved_compile_state_loads_on_tensorflow(tmp_path, policy):
     """A model trained on any backend names its optimizer by its public Keras class in the
     .keras file, so load_model with its compile state works in a TensorFlow process (the
     PyTorch backend's own class made that process import torch after TensorFlow and crash)."""
+    keras.config.set_dtype_policy(policy)
     model = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3),
                                    training.RECIPES["fashion_mnist"], total_steps=10)
     model.train_on_batch(images(4), np.eye(3, dtype="float32")[[0, 1, 2, 0]])

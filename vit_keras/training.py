@@ -311,12 +311,17 @@ def save_public_optimizer(model: keras.Model) -> keras.Model:
     """The compiled model, its saved compile state naming the optimizer's public Keras class.
     On PyTorch, Keras swaps in a class of its torch backend and saves that module's name; a
     process on another backend then imports the torch backend to load the file, which crashes
-    one that loaded TensorFlow first. Each backend maps the public class to its own."""
-    optimizer = model.optimizer
+    one that loaded TensorFlow first. Each backend maps the public class to its own. (A file
+    loaded with its compile state on PyTorch and saved again names the torch class again:
+    Keras' own compile runs on loading.)"""
+    # The optimizer as compile received it (model.optimizer may wrap it, for loss scaling),
+    # in the dict Keras serializes at saving.
+    compiled = model._compile_config.config
+    optimizer = compiled["optimizer"]
     if type(optimizer).__module__.startswith("keras.src.backend."):
         config = keras.optimizers.serialize(optimizer)
         config.update(module="keras.optimizers", registered_name=None)
-        model._compile_config.config["optimizer"] = config
+        compiled["optimizer"] = config
     return model
 
 

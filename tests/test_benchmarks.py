@@ -575,9 +575,9 @@ def test_step_options_build_each_model_with_its_option_only():
 @backend_independent
 def test_step_cost_builds_the_model_in_the_precision_asked_for():
     from benchmarks import step_cost
+    from vit_keras import configs
 
     model, run = step_cost.main_job_model(["--precision", "mixed_bfloat16"])
     assert run.precision == "mixed_bfloat16"
     assert model.dtype_policy.name == "mixed_bfloat16"
-    from vit_keras import configs
     assert model.get_layer(configs.block_name(0)).compute_dtype == "bfloat16"

@@ -530,3 +530,31 @@ def test_include_preprocessing_takes_raw_pixels_as_vk_preprocess_scales_them(tmp
     # The uint8 serving function of the exports and vit-keras predict scales only once.
     served = serving_model(loaded)(pixels)["logits"]
     np.testing.assert_allclose(keras.ops.convert_to_numpy(served), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [(9, 12), (16, 16)])
+def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size):
+    # The hybrids' GroupNorm and MaxPool take kernels' direct path on PyTorch; an odd side
+    # pads SAME asymmetrically. Keras' own layers are the reference, forward and backward.
+    from vit_keras.resnet import GroupNorm, MaxPool
+
+    x = np.random.default_rng(0).normal(size=(2, *size, 64)).astype("float32")
+    pairs = [(GroupNorm(32, epsilon=1e-6, gamma_initializer="random_normal",
+                        beta_initializer="random_normal"),
+              keras.layers.GroupNormalization(32, epsilon=1e-6)),
+             (MaxPool(3, 2, padding="same"), keras.layers.MaxPooling2D(3, 2, padding="same"))]
+    for ours, reference in pairs:
+        ours.build(x.shape)
+        reference.build(x.shape)
+        reference.set_weights(ours.get_weights())
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x)),
+                                   keras.ops.convert_to_numpy(reference(x)), atol=1e-5)
+        if keras.backend.backend() == "torch":
+            import torch
+
+            grads = []
+            for layer in (ours, reference):
+                inputs = torch.tensor(x, requires_grad=True)
+                (layer(inputs) * torch.linspace(-1, 1, 64)).sum().backward()
+                grads.append(inputs.grad.numpy())
+            np.testing.assert_allclose(*grads, atol=1e-5)

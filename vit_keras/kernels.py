@@ -16,6 +16,11 @@ dense and layer_norm compute what a plain Dense, EinsumDense or LayerNormalizati
 call returns, from its variables: the blocks' direct path (vit_keras.layers). On PyTorch they
 are torch ops on the variables' tensors, since in eager mode a Keras layer call or keras.ops
 call costs many times the arithmetic of a small model (docs/performance.md, host overhead).
+
+group_norm and max_pool compute what the hybrids' GroupNormalization and MaxPooling2D layers
+return on channels-last maps (vit_keras.resnet). On PyTorch they are torch's own kernels on
+channels-first views, where Keras' versions take several eager operations and copies each
+(docs/mainjob.md, the speed of the main job's ResNet).
 """
 
 from __future__ import annotations
@@ -140,3 +145,37 @@ def layer_norm(x, layer):
         return ops.cast(out, layer.compute_dtype)
     return ops.cast(ops.layer_normalization(x, layer.gamma, layer.beta, -1, layer.epsilon),
                     layer.compute_dtype)
+
+
+def group_norm(x, layer):
+    """layer(x) for a GroupNormalization layer over the last axis of (batch, height, width,
+    channels) maps: computed in at least float32, returned in the layer's compute dtype."""
+    if not on_torch() or layer.axis not in (-1, 3):
+        return keras.layers.GroupNormalization.call(layer, x)
+    import torch
+
+    channels_first = x.permute(0, 3, 1, 2).contiguous()  # torch's kernel is fastest on this
+    if channels_first.dtype.itemsize < 4:  # float16, bfloat16
+        channels_first = channels_first.float()
+    out = torch.nn.functional.group_norm(channels_first, layer.groups, layer.gamma.value,
+                                         layer.beta.value, layer.epsilon)
+    return ops.cast(out.permute(0, 2, 3, 1), layer.compute_dtype)
+
+
+def max_pool(x, layer):
+    """layer(x) for a channels-last MaxPooling2D layer. "same" padding follows TensorFlow's
+    rule (the extra row and column of an odd total at the bottom and right), padded with -inf
+    so that it never wins the max."""
+    if not on_torch() or layer.data_format != "channels_last":
+        return keras.layers.MaxPooling2D.call(layer, x)
+    import torch
+
+    pads = []
+    for side, size, stride in zip(x.shape[1:3], layer.pool_size, layer.strides, strict=True):
+        total = max((-(-side // stride) - 1) * stride + size - side, 0)
+        pads.append((total // 2, total - total // 2))
+    (top, bottom), (left, right) = pads if layer.padding == "same" else ((0, 0), (0, 0))
+    channels_first = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom),
+                                             value=float("-inf"))
+    pooled = torch.nn.functional.max_pool2d(channels_first, layer.pool_size, layer.strides)
+    return pooled.permute(0, 2, 3, 1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from vit_keras import kernels
+
 GROUP_NORM_GROUPS = 32
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's default
 WEIGHT_STD_EPSILON = 1e-5  # added to the kernel's standard deviation, as vit_jax does
@@ -18,9 +20,24 @@ WEIGHT_STD_EPSILON = 1e-5  # added to the kernel's standard deviation, as vit_ja
 _register = keras.saving.register_keras_serializable(package="vit_keras")
 
 
-def group_norm(name: str, **kwargs) -> keras.layers.GroupNormalization:
-    return keras.layers.GroupNormalization(GROUP_NORM_GROUPS, epsilon=GROUP_NORM_EPSILON,
-                                           name=name, **kwargs)
+@_register
+class GroupNorm(keras.layers.GroupNormalization):
+    """Keras' GroupNormalization over channels-last maps, by kernels.group_norm."""
+
+    def call(self, inputs):
+        return kernels.group_norm(inputs, self)
+
+
+@_register
+class MaxPool(keras.layers.MaxPooling2D):
+    """Keras' MaxPooling2D over channels-last maps, by kernels.max_pool."""
+
+    def call(self, inputs):
+        return kernels.max_pool(inputs, self)
+
+
+def group_norm(name: str, **kwargs) -> GroupNorm:
+    return GroupNorm(GROUP_NORM_GROUPS, epsilon=GROUP_NORM_EPSILON, name=name, **kwargs)
 
 
 @_register
@@ -101,7 +118,7 @@ def resnet_stem(images, stage_units: tuple[int, ...], width: int = 64):
     x = StdConv(width, 7, 2, name="conv_root")(images)
     x = group_norm("gn_root")(x)
     x = keras.layers.ReLU(name="root_relu")(x)
-    x = keras.layers.MaxPooling2D(3, 2, padding="same", name="root_pool")(x)
+    x = MaxPool(3, 2, padding="same", name="root_pool")(x)
     for stage, units in enumerate(stage_units):
         for unit in range(units):
             strides = 2 if stage > 0 and unit == 0 else 1

@@ -13,6 +13,8 @@ import traceback
 import zipfile
 
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
+# --resnet-layers' word for a plain ViT (no ResNet), and for a hybrid of the ResNet's stem alone.
+NO_RESNET, STEM_ONLY = "none", "stem"
 # How the usage line names a program; the console script sets "vit-keras {name}".
 PROG = "python -m apps.{name}"
 # A user's mistake: reported in one line, without a traceback (--debug shows it); an export
@@ -123,6 +125,19 @@ def non_negative_int(text: str) -> int:
     return _whole_number(text, 0, "a whole number of at least 0")
 
 
+def resnet_layers(text: str) -> tuple[int, ...] | str:
+    """An argparse type: the hybrid's bottleneck units per ResNet stage ("3,4,9"), "stem" for
+    the stem alone (()), or "none" for a plain ViT (kept as that word: None means not given)."""
+    if text in (NO_RESNET, STEM_ONLY):
+        return () if text == STEM_ONLY else NO_RESNET
+    units = text.split(",")
+    if not all(unit.strip().isdigit() and int(unit) > 0 for unit in units):
+        raise argparse.ArgumentTypeError(
+            f"expected '{NO_RESNET}', '{STEM_ONLY}' or positive whole numbers separated by "
+            f"commas (units per ResNet stage, e.g. 3,4,9), got {text!r}")
+    return tuple(int(unit) for unit in units)
+
+
 def _whole_number(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
@@ -159,6 +174,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, without_variant: str,
     for flag in SHAPE_FLAGS:
         group.add_argument("--" + flag.replace("_", "-"), type=positive_int, default=None,
                            help="override the variant's value (custom shapes)")
+    group.add_argument("--resnet-layers", type=resnet_layers, default=None,
+                       metavar=f"{NO_RESNET}|{STEM_ONLY}|N[,N...]",
+                       help="make the model a hybrid (the paper's ResNet before the patches, "
+                            "whose feature map --patch-size then cuts): bottleneck units per "
+                            f"stage after the stem, '{STEM_ONLY}' for the stem alone, or "
+                            f"'{NO_RESNET}' for a plain ViT")
+    group.add_argument("--resnet-width", type=positive_int, default=None,
+                       help="the hybrid ResNet's stem width (channels; 64 in the paper's)")
     group.add_argument("--image-size", type=positive_int, default=image_size,
                        help="image height and width in pixels")
     group.add_argument("--num-classes", type=positive_int, default=num_classes,
@@ -184,6 +207,11 @@ def model_config(args):
     import vit_keras as vk
 
     overrides = {f: getattr(args, f) for f in SHAPE_FLAGS if getattr(args, f) is not None}
+    if args.resnet_width is not None:
+        overrides["resnet_width"] = args.resnet_width
+    if args.resnet_layers is not None:
+        overrides["resnet_layers"] = (None if args.resnet_layers == NO_RESNET
+                                      else tuple(args.resnet_layers))
     return dataclasses.replace(vk.get_config(args.variant), **overrides)
 
 

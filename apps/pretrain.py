@@ -5,8 +5,9 @@ The backbone is saved as backbone.keras in the run folder, for apps.finetune.
 vit-keras pretrain [--objective masked-patch] [--target mean_color|downsized|pixels]
                    [--corruption 0.5] [--color-channels 1|3] [--seed 0]
                    [any vit-keras train flag: data, model, --epochs, --learning-rate, ...]
-Without --variant the backbone is the main job's model on Fashion-MNIST (grayscale: the
-targets are 3-bit mean intensities, 8 classes).
+Without --variant the backbone is the main job's model as a plain ViT (no ResNet: patches of
+pixels, 7x7 of 28-pixel images) on Fashion-MNIST (grayscale: the targets are 3-bit mean
+intensities, 8 classes).
 """
 
 import dataclasses
@@ -44,6 +45,10 @@ def fill_pretrain_defaults(args) -> None:
         args.color_channels = 1 if main_job else 3
     if args.epochs is None:  # the main job's epoch count is for supervised training
         args.epochs = train.DEFAULT_EPOCHS
+    if args.variant is None and args.resnet_layers is None:
+        for key, value in train.PLAIN_MAIN_JOB_MODEL.items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
     train.fill_defaults(args)
 
 

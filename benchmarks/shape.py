@@ -20,7 +20,7 @@ import keras
 import vit_keras as vk
 from apps.train import MAIN_JOB_MODEL
 from benchmarks import write_json
-from benchmarks.ablation import EXPERIMENT_SHAPE, train_run
+from benchmarks.ablation import EXPERIMENT_IMAGE_SIZE, EXPERIMENT_SHAPE, train_run
 from benchmarks.machine import describe_host
 from benchmarks.runners import forward_flops
 
@@ -47,7 +47,7 @@ def costs(base_epochs: int) -> dict:
     """Each shape's model, epochs, forward MFLOP per image and training compute (FLOPs per
     image x epochs) relative to the base's."""
     def flops(shape):
-        return forward_flops(vk.ViTConfig(**shape), MAIN_JOB_MODEL["image_size"],
+        return forward_flops(vk.ViTConfig(**shape), EXPERIMENT_IMAGE_SIZE,
                              num_classes=MAIN_JOB_MODEL["num_classes"], class_token=False)
 
     base = flops(EXPERIMENT_SHAPE) * base_epochs
@@ -55,7 +55,7 @@ def costs(base_epochs: int) -> dict:
     for name, (changes, epoch_factor) in SHAPES.items():
         shape, epochs = {**EXPERIMENT_SHAPE, **changes}, base_epochs * epoch_factor
         plans[name] = {"shape": shape, "epochs": epochs,
-                       "tokens": (MAIN_JOB_MODEL["image_size"] // shape["patch_size"]) ** 2,
+                       "tokens": (EXPERIMENT_IMAGE_SIZE // shape["patch_size"]) ** 2,
                        "forward_mflop_per_image": round(flops(shape) / 1e6, 2),
                        "training_cost": round(flops(shape) * epochs / base, 2)}
     return plans

@@ -31,6 +31,9 @@ in_tensorflow_pass = pytest.mark.skipif(
     reason="checked once, in the suite's TensorFlow pass")
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
+# The apps' flags for TINY as a plain ViT (without them the apps build the main job's hybrid).
+TINY_FLAGS = [*(f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()),
+              "--resnet-layers=none"]
 
 
 def pytest_report_header(config):

@@ -5,7 +5,7 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import TINY, backend_independent, checkpoint_params
+from tests.conftest import TINY, TINY_FLAGS, backend_independent, checkpoint_params
 from vit_keras import training
 
 # The apps parse, call the library and write files; what they compute is the library's, tested
@@ -24,7 +24,7 @@ def test_convert_npz_to_keras_and_back(tmp_path, capsys):
     # Ti/16 does not fit the tiny checkpoint: the error says how.
     with pytest.raises(ValueError, match="checkpoint has 2 encoder blocks, the model has 12"):
         convert.main([str(tmp_path / "in.npz"), str(tmp_path / "x.keras"), *flags])
-    tiny = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    tiny = TINY_FLAGS
     convert.main([str(tmp_path / "in.npz"), str(tmp_path / "out.keras"), *tiny,
                   "--image-size", "48", "--num-classes", "7"])
     printed = capsys.readouterr().out
@@ -213,7 +213,7 @@ def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
     params = official_layout.random_checkpoint(np.random.default_rng(5), grid=(4, 4), classes=9)
     np.savez(tmp_path / "pretrained.npz", **params)
     write_images(tmp_path / "images", 8, 48, seed=6)
-    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    shape = TINY_FLAGS
     with pytest.warns(UserWarning, match="head .* zero-initialised"):
         result = finetune.main([str(tmp_path / "pretrained.npz"), *shape, "--classifier",
                                 "token", "--posemb", "learned", "--image-size", "48",
@@ -238,7 +238,7 @@ def test_finetune_takes_a_keras_model_to_a_higher_resolution_in_one_command(tmp_
     model = vk.vit(TINY, image_size=32, num_classes=2, classifier="gap", posemb="learned2d")
     model.save(tmp_path / "trained.keras")
     write_images(tmp_path / "images", 8, 48, seed=6)
-    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    shape = TINY_FLAGS
     result = finetune.main([str(tmp_path / "trained.keras"), *shape, "--classifier", "gap",
                             "--posemb", "learned2d", "--image-size", "48", "--folder",
                             str(tmp_path / "images"), "--epochs", "1", "--batch-size", "4",
@@ -256,7 +256,7 @@ def test_pretrain_by_masked_patches_then_finetune_the_backbone(tmp_path):
     from apps import finetune, pretrain
 
     write_images(tmp_path / "images", 8, 32, seed=7)
-    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    shape = TINY_FLAGS
     folder = ["--folder", str(tmp_path / "images")]
     result = pretrain.main([*shape, *folder, "--image-size", "32", "--epochs", "2",
                             "--batch-size", "4", "--target", "downsized",
@@ -293,7 +293,7 @@ def test_pretrain_keeps_every_patch_unless_patch_dropout_is_asked_for(tmp_path, 
         training.RECIPES["fashion_mnist"], patch_drop_rate=0.5))
 
     write_images(tmp_path / "images", 8, 32, seed=7)
-    common = [*(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()), "--folder",
+    common = [*TINY_FLAGS, "--folder",
               str(tmp_path / "images"), "--image-size", "32", "--epochs", "1", "--batch-size",
               "4", "--recipe", "fashion_mnist", "--run-dir", str(tmp_path / "pre")]
     assert pretrain.main(common)["epochs"] == 1
@@ -310,7 +310,7 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
     run_dir = tmp_path / "run"
 
     def flags(*more):
-        return [*(f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()), "--folder",
+        return [*TINY_FLAGS, "--folder",
                 str(images), "--image-size", "32", "--batch-size", "4", "--recipe", "finetune",
                 "--jit-compile", "false", "--run-dir", str(run_dir), *more]
 
@@ -367,7 +367,7 @@ def test_convert_builds_a_family_with_its_options(tmp_path):
     from safetensors.torch import save_file
 
     save_file(reference.state_dict(), tmp_path / "reg.safetensors")
-    tiny = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    tiny = TINY_FLAGS
     flags = [str(tmp_path / "reg.safetensors"), str(tmp_path / "reg.npz"), *tiny,
              "--image-size", "32"]
     with pytest.raises(ValueError, match="the checkpoint has LayerScale .* build it with "

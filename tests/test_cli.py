@@ -150,6 +150,9 @@ MISTAKES = [
     (["apps.inspect", "model.keras", "corrupt.png", "--out", "out"], "cannot read image file"),
     (["apps.train", "--epochs", "-3"], "expected a positive whole number, got '-3'"),
     (["apps.train", "--eval-every", "-1"], "expected a whole number of at least 0, got '-1'"),
+    (["apps.train", "--resnet-layers", "0"], "expected 'none', 'stem' or positive whole numbers "
+                                             "separated by commas (units per ResNet stage, e.g. "
+                                             "3,4,9), got '0'"),
 ]
 
 
@@ -271,3 +274,18 @@ def test_readme_tells_every_extra():
         "optional-dependencies"]
     install = (ROOT / "README.md").read_text().split("## Install")[1].split("\n## ")[0]
     assert set(re.findall(r"^\| `([\w-]+)` \|", install, re.M)) == set(extras)
+
+
+@pytest.mark.parametrize("flags, resnet_layers, resnet_width", [
+    ([], (1,), 32),  # the main job's hybrid
+    (["--resnet-layers", "none"], None, 32),
+    (["--resnet-layers", "stem", "--resnet-width", "64"], (), 64),
+    (["--resnet-layers", "3,4,9"], (3, 4, 9), 32),
+])
+def test_resnet_flags_make_the_config(flags, resnet_layers, resnet_width):
+    from apps import common, train
+
+    args = train.build_parser().parse_args(flags)
+    train.fill_defaults(args)
+    config = common.model_config(args)
+    assert (config.resnet_layers, config.resnet_width) == (resnet_layers, resnet_width)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import vit_keras as vk
-from tests.conftest import TINY, backend_independent, randomize
+from tests.conftest import TINY, TINY_FLAGS, backend_independent, randomize
 from vit_keras import training
 
 DECAY, HEAD = 0.5, 10.0
@@ -147,7 +147,7 @@ def test_finetune_flags_set_the_rates_and_a_run_keeps_its_last_checkpoints(tmp_p
     model.save(tmp_path / "pretrained.keras")
     write_images(tmp_path / "images", 4, 16, seed=4)
     run_dir = tmp_path / "run"
-    shape = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
+    shape = TINY_FLAGS
     argv = [str(tmp_path / "pretrained.keras"), *shape, "--image-size", "16", "--classifier",
             "token", "--posemb", "learned", "--folder", str(tmp_path / "images"),
             "--epochs", "3", "--batch-size", "4", "--jit-compile", "false",

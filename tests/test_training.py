@@ -190,7 +190,8 @@ def test_saved_compile_state_loads_on_tensorflow(tmp_path, policy):
 
 
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
-              "--patch-size", "7", "--batch-size", "64"]
+              "--patch-size", "7", "--resnet-layers", "none", "--image-size", "28",
+              "--batch-size", "64"]
 
 
 @pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")

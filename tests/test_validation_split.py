@@ -12,7 +12,8 @@ from vit_keras import data
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
-              "--patch-size", "7", "--batch-size", "64", "--jit-compile", "false"]
+              "--patch-size", "7", "--resnet-layers", "none", "--image-size", "28",
+              "--batch-size", "64", "--jit-compile", "false"]
 
 
 @backend_independent

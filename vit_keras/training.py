@@ -78,8 +78,8 @@ RECIPES: dict[str, Recipe] = {
     # cosine decay; no augmentation named.
     "mpp": Recipe("adamw", 2e-4, "cosine", 10_000, crop="none", flip=False,
                   source="Dosovitskiy et al. 2021, Appendix B.1.2"),
-    # The main job: a small ViT on 28x28 Fashion-MNIST in 7x7-pixel patches, tuned for 2 CPU
-    # cores; its 16 patch tokens all train (docs/mainjob.md).
+    # The main job: a small hybrid ViT on Fashion-MNIST, tuned for 2 CPU cores; its 16 tokens
+    # all train (docs/mainjob.md).
     "fashion_mnist": Recipe("adamw", 3e-3, "cosine", 0.05, weight_decay=0.05,
                             crop="none", flip=True,
                             source="this repository (README, main job)"),

@@ -164,18 +164,19 @@ def group_norm(x, layer):
 
 def max_pool(x, layer):
     """layer(x) for a channels-last MaxPooling2D layer. "same" padding follows TensorFlow's
-    rule (the extra row and column of an odd total at the bottom and right), padded with -inf
-    so that it never wins the max."""
+    rule (the extra row and column of an odd total at the bottom and right): on PyTorch, torch's
+    implicit -inf padding of the top and left share with ceil_mode, which adds the rest."""
     if not on_torch() or layer.data_format != "channels_last":
         return keras.layers.MaxPooling2D.call(layer, x)
     import torch
 
-    pads = []
-    for side, size, stride in zip(x.shape[1:3], layer.pool_size, layer.strides, strict=True):
-        total = max((-(-side // stride) - 1) * stride + size - side, 0)
-        pads.append((total // 2, total - total // 2))
-    (top, bottom), (left, right) = pads if layer.padding == "same" else ((0, 0), (0, 0))
-    channels_first = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom),
-                                             value=float("-inf"))
-    pooled = torch.nn.functional.max_pool2d(channels_first, layer.pool_size, layer.strides)
+    padding = (0, 0)
+    if layer.padding == "same":
+        padding = tuple(max((-(-side // stride) - 1) * stride + size - side, 0) // 2
+                        for side, size, stride in zip(x.shape[1:3], layer.pool_size,
+                                                      layer.strides, strict=True))
+    # channels-last memory: torch pools it many times faster than channels-first
+    pooled = torch.nn.functional.max_pool2d(x.contiguous().permute(0, 3, 1, 2), layer.pool_size,
+                                            layer.strides, padding,
+                                            ceil_mode=layer.padding == "same")
     return pooled.permute(0, 2, 3, 1)

@@ -3,7 +3,7 @@ machine: float32 inference and training images/s of the same variants, each meas
 fresh process that imports vit_keras from its tree, the trees alternating so that neither
 always runs first.
 
-python -m benchmarks.revisions --before DIR --after DIR [--variants Ti/16 B/16]
+python -m benchmarks.revisions --before DIR --after DIR [--variants Ti/16 B/16 main]
     [--backends tensorflow jax torch] [--rounds 2] [--jit-compile auto] [--batch N]
     [--samples 5] [--warmup 2] [--skip-training] [--smoke] [--json out.json]
 
@@ -20,11 +20,17 @@ import statistics
 import subprocess
 import sys
 
+from apps.train import MAIN_JOB_MODEL
 from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL, write_json
 from benchmarks.machine import describe_host
 
 TREES = ("before", "after")
-BATCH = {"Ti/16": 32, "B/16": 8}  # --batch overrides; other variants get 32
+BATCH = {"Ti/16": 32, "B/16": 8, "main": 128}  # --batch overrides; other variants get 32
+# "main": the main job's model (ResNet included) as vk.vit takes its shape, at its image size.
+MAIN_JOB_SHAPE = {key: MAIN_JOB_MODEL[key] for key in (
+    "hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size", "resnet_layers",
+    "resnet_width")}
+MODELS = {"main": (MAIN_JOB_SHAPE, MAIN_JOB_MODEL["image_size"])}
 
 CHILD = r"""
 import json, sys, time
@@ -92,11 +98,12 @@ def run_child(tree: str, spec: dict) -> dict:
 def specs(args):
     """Every (backend, model) measurement's spec, in the order they run."""
     variants = ["smoke"] if args.smoke else args.variants
+    models = {"smoke": (SMOKE_MODEL, SMOKE_IMAGE_SIZE), **MODELS}
     for backend in args.backends:
         for variant in variants:
-            yield {"backend": backend, "variant": variant,
-                   "model": SMOKE_MODEL if args.smoke else variant,
-                   "image_size": SMOKE_IMAGE_SIZE if args.smoke else 224,
+            model, image_size = models.get(variant, (variant, 224))
+            yield {"backend": backend, "variant": variant, "model": model,
+                   "image_size": image_size,
                    "batch": args.batch or (2 if args.smoke else BATCH.get(variant, 32)),
                    "jit_compile": JIT_COMPILE[args.jit_compile], "samples": args.samples,
                    "warmup": args.warmup, "skip_training": args.skip_training}

@@ -581,3 +581,18 @@ def test_step_cost_builds_the_model_in_the_precision_asked_for():
     assert run.precision == "mixed_bfloat16"
     assert model.dtype_policy.name == "mixed_bfloat16"
     assert model.get_layer(configs.block_name(0)).compute_dtype == "bfloat16"
+
+
+@backend_independent
+def test_revisions_main_is_the_main_jobs_model():
+    import vit_keras as vk
+    from apps import common, train
+    from benchmarks import revisions
+
+    args = revisions.build_parser().parse_args(["--before", ".", "--after", ".",
+                                                "--variants", "main", "--backends", "torch"])
+    (spec,) = revisions.specs(args)
+    main_job = train.build_parser().parse_args([])
+    train.fill_defaults(main_job)
+    assert vk.ViTConfig(**spec["model"]) == common.model_config(main_job)
+    assert spec["image_size"] == main_job.image_size

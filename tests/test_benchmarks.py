@@ -573,6 +573,20 @@ def test_step_options_build_each_model_with_its_option_only():
 
 
 @backend_independent
+def test_step_options_earlier_defaults_are_plain_vits_of_28_pixel_images():
+    from benchmarks import step_options
+
+    models = step_options.option_models(["plain", "plain_7x7", "plain_4x4_dropout"])
+    names = {name: {layer.name for layer in model.layers} for name, (model, _) in models.items()}
+    assert "conv_root" in names["plain"]
+    for name, patch, dropped in (("plain_7x7", 7, False), ("plain_4x4_dropout", 4, True)):
+        model, run = models[name]
+        assert "conv_root" not in names[name] and run.image_size == 28
+        assert model.get_layer("embedding").patch_size == patch
+        assert ("patch_dropout" in names[name]) == dropped
+
+
+@backend_independent
 def test_step_cost_builds_the_model_in_the_precision_asked_for():
     from benchmarks import step_cost
     from vit_keras import configs

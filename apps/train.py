@@ -33,9 +33,9 @@ from .common import (
 
 # The main job's model: a hybrid (the paper's Sec. 3.1) of Fashion-MNIST resized to 32 pixels:
 # a ResNet stem of width 32 and one bottleneck unit make an 8x8 feature map, cut into 2x2
-# patches (16 tokens), then 3 blocks of width 64, global average pooling and fixed sincos2d
+# patches (16 tokens), then 4 blocks of width 64, global average pooling and fixed sincos2d
 # position embeddings (big_vision's "plain ViT" choices); docs/mainjob.md says why.
-MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=3, num_heads=4, mlp_dim=128,
+MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
                       patch_size=2, resnet_layers=(1,), resnet_width=32, image_size=32,
                       num_classes=10, classifier="gap", posemb="sincos2d")
 # What masked patch prediction (apps.pretrain) changes of it: patches of pixels, which a plain
@@ -129,7 +129,7 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                           "label_smoothing=0.1; repeat for more")
     add_model_arguments(parser, "the main job's model (a hybrid: 32-pixel images through a "
                                 "ResNet stem of width 32 and one bottleneck unit, 2x2 patches "
-                                "of its feature map, 3 blocks of width 64, global average "
+                                "of its feature map, 4 blocks of width 64, global average "
                                 "pooling, sincos2d); with --variant, --image-size is 224 "
                                 "unless given",
                         image_size=None)

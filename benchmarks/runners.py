@@ -50,12 +50,32 @@ TRAIN_FLOPS_PER_FORWARD = 3
 def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000,
                   class_token: bool = True) -> float:
     """2 x multiply-accumulates of one forward pass (class_token=False: global average pooling,
-    no token beside the patches')."""
-    patches = (image_size // config.patch_size) ** 2
+    no token beside the patches'); a hybrid's ResNet counts its convolutions."""
+    macs, channels = resnet_macs(config, image_size) if config.is_hybrid else (0, 3)
+    patches = (image_size // config.cell_size) ** 2
     tokens, d, m = patches + class_token, config.hidden_size, config.mlp_dim
-    macs = patches * config.patch_size**2 * 3 * d
+    macs += patches * config.patch_size**2 * channels * d
     macs += config.num_layers * (4 * tokens * d * d + 2 * tokens * tokens * d + 2 * tokens * d * m)
     return 2.0 * (macs + d * num_classes)
+
+
+def resnet_macs(config: vk.ViTConfig, image_size: int) -> tuple[int, int]:
+    """Multiply-accumulates of a hybrid's ResNet convolutions on one image (vit_keras.resnet:
+    the 7x7/2 root, the max-pool, bottleneck units with the stride on their 3x3), and the
+    channels of its feature map."""
+    side = -(-image_size // 2)  # SAME padding: ceil
+    macs = side * side * 7 * 7 * 3 * config.resnet_width
+    side, channels = -(-side // 2), config.resnet_width
+    for stage, units in enumerate(config.resnet_layers):
+        features = config.resnet_width * 2**stage
+        for unit in range(units):
+            out = -(-side // 2) if stage > 0 and unit == 0 else side
+            macs += side * side * channels * features + out * out * 9 * features * features
+            macs += out * out * features * 4 * features
+            if channels != 4 * features or out != side:
+                macs += out * out * channels * 4 * features  # the projected shortcut
+            side, channels = out, 4 * features
+    return macs, channels
 
 
 def keras_runner(build, image_size, precision, batch, jit_compile="auto") -> dict:

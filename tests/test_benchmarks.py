@@ -338,6 +338,26 @@ def test_flop_count_matches_timm_figure():
 
 
 @backend_independent
+def test_hybrid_flop_count_adds_the_resnet_convolutions():
+    import vit_keras as vk
+    from benchmarks import runners
+
+    # Worked by hand for the main job's hybrid at 32 px: the 7x7/2 root on 16x16 cells, then
+    # on the 8x8 map after the max-pool one unit 32 -> 32 (1x1), 32 -> 32 (3x3), 32 -> 128
+    # (1x1) and the 32 -> 128 projection; 16 tokens of 2x2x128 embedded to width 64.
+    config = vk.ViTConfig(64, 4, 4, 128, 2, resnet_layers=(1,), resnet_width=32)
+    resnet = 16 * 16 * 49 * 3 * 32 + 64 * (32 * 32 + 9 * 32 * 32 + 32 * 128 + 32 * 128)
+    assert runners.resnet_macs(config, 32) == (resnet, 128)
+    blocks = 4 * (4 * 16 * 64 * 64 + 2 * 16 * 16 * 64 + 2 * 16 * 64 * 128)
+    expected = 2.0 * (resnet + 16 * 4 * 128 * 64 + blocks + 64 * 10)
+    assert runners.forward_flops(config, 32, num_classes=10, class_token=False) == expected
+    # A later stage halves the map in its first unit's 3x3 and projection.
+    deeper = vk.ViTConfig(64, 1, 4, 128, 1, resnet_layers=(1, 1), resnet_width=32)
+    second = 4 * 4 * (9 * 64 * 64 + 64 * 256 + 128 * 256) + 8 * 8 * 128 * 64
+    assert runners.resnet_macs(deeper, 32) == (resnet + second, 256)
+
+
+@backend_independent
 def test_generated_blocks_in_docs_are_current():
     """Tables in docs/*.md come from the code and docs/**/*.json: `python -m
     benchmarks.render --write` regenerates them."""

@@ -272,8 +272,11 @@ def pipelines(args, recipe, train, evaluation, num_classes):
 
     common = dict(image_size=args.image_size, num_classes=num_classes,
                   batch_size=args.batch_size, channels=3)
+    # Fashion-MNIST is read into memory whole (data.load_fashion_mnist): its resized copy fits
+    # beside it, and the epochs after the first skip the resize.
+    in_memory = args.dataset == "fashion_mnist" and not args.folder
     train_batches = data.make_pipeline(train, training=True, **training.pipeline_options(recipe),
-                                       seed=args.seed, **common).repeat()
+                                       seed=args.seed, cache=in_memory, **common).repeat()
     eval_batches = (data.make_pipeline(evaluation, training=False, cache=True, **common)
                     if evaluation is not None else None)
     return train_batches, eval_batches

@@ -346,6 +346,8 @@ def make_pipeline(
     uint8-range values) and Mixup / CutMix (training.pipeline_options gives a recipe's).
     training=False: plain resize, as vit_jax evaluates. Grayscale images are repeated to
     `channels` channels. drop_remainder defaults to training (static shapes for TPUs).
+    cache=True keeps the images in memory after the first pass, resized where no random crop
+    follows (data that fits in memory).
     """
     if crop not in ("none", "inception") and not crop.startswith("pad"):
         raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
@@ -355,11 +357,15 @@ def make_pipeline(
         layers.append(keras.layers.MixUp(alpha=mixup_alpha, seed=seed))
     if training and cutmix_alpha:
         layers.append(keras.layers.CutMix(factor=cutmix_alpha, seed=seed))
+    per_image = _needs_per_image_map(dataset.element_spec[0], size, training, crop)
+    random_crop = training and crop != "none"
+    if per_image and not random_crop:  # the same every pass: before the cache, which keeps it
+        dataset = dataset.map(_prepare(size, training, crop, seed), num_parallel_calls=AUTOTUNE)
     if cache:
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if _needs_per_image_map(dataset.element_spec[0], size, training, crop):
+    if per_image and random_crop:
         dataset = dataset.map(_prepare(size, training, crop, seed), num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)

@@ -533,16 +533,19 @@ def test_include_preprocessing_takes_raw_pixels_as_vk_preprocess_scales_them(tmp
 
 
 @pytest.mark.parametrize("size", [(9, 12), (16, 16)])
-def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size):
-    # The hybrids' GroupNorm and MaxPool take kernels' direct path on PyTorch; an odd side
-    # pads SAME asymmetrically. Keras' own layers are the reference, forward and backward.
+@pytest.mark.parametrize("pool, strides", [(3, 2), (2, 1), (2, 3)])
+def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool, strides):
+    # The hybrids' GroupNorm and MaxPool take kernels' direct path on PyTorch (a 3x3/2 pool
+    # pads an even side asymmetrically, an odd one evenly; the others take Keras' path there).
+    # Keras' own layers are the reference, forward and backward.
     from vit_keras.resnet import GroupNorm, MaxPool
 
     x = np.random.default_rng(0).normal(size=(2, *size, 64)).astype("float32")
     pairs = [(GroupNorm(32, epsilon=1e-6, gamma_initializer="random_normal",
                         beta_initializer="random_normal"),
               keras.layers.GroupNormalization(32, epsilon=1e-6)),
-             (MaxPool(3, 2, padding="same"), keras.layers.MaxPooling2D(3, 2, padding="same"))]
+             (MaxPool(pool, strides, padding="same"),
+              keras.layers.MaxPooling2D(pool, strides, padding="same"))]
     for ours, reference in pairs:
         ours.build(x.shape)
         reference.build(x.shape)
@@ -558,3 +561,18 @@ def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size):
                 (layer(inputs) * torch.linspace(-1, 1, 64)).sum().backward()
                 grads.append(inputs.grad.numpy())
             np.testing.assert_allclose(*grads, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "bfloat16"])
+def test_resnet_group_norm_under_half_precision_equals_keras_layer(policy):
+    from vit_keras.resnet import GroupNorm
+
+    x = np.random.default_rng(1).normal(size=(2, 8, 8, 64)).astype("float32")
+    ours = GroupNorm(32, epsilon=1e-6, beta_initializer="random_normal", dtype=policy)
+    reference = keras.layers.GroupNormalization(32, epsilon=1e-6, dtype=policy)
+    ours.build(x.shape)
+    reference.build(x.shape)
+    reference.set_weights(ours.get_weights())
+    got, want = (keras.ops.convert_to_numpy(keras.ops.cast(layer(x), "float32"))
+                 for layer in (ours, reference))
+    np.testing.assert_allclose(got, want, atol=0.05)

@@ -150,23 +150,25 @@ def layer_norm(x, layer):
 def group_norm(x, layer):
     """layer(x) for a GroupNormalization layer over the last axis of (batch, height, width,
     channels) maps: computed in at least float32, returned in the layer's compute dtype."""
-    if not on_torch() or layer.axis not in (-1, 3):
+    if not (on_torch() and len(x.shape) == 4 and layer.axis in (-1, 3) and layer.scale
+            and layer.center):
         return keras.layers.GroupNormalization.call(layer, x)
     import torch
 
-    channels_first = x.permute(0, 3, 1, 2).contiguous()  # torch's kernel is fastest on this
-    if channels_first.dtype.itemsize < 4:  # float16, bfloat16
-        channels_first = channels_first.float()
-    out = torch.nn.functional.group_norm(channels_first, layer.groups, layer.gamma.value,
-                                         layer.beta.value, layer.epsilon)
+    channels_first = x.permute(0, 3, 1, 2).contiguous().float()
+    out = torch.nn.functional.group_norm(channels_first, layer.groups, layer.gamma.value.float(),
+                                         layer.beta.value.float(), layer.epsilon)
     return ops.cast(out.permute(0, 2, 3, 1), layer.compute_dtype)
 
 
 def max_pool(x, layer):
     """layer(x) for a channels-last MaxPooling2D layer. "same" padding follows TensorFlow's
-    rule (the extra row and column of an odd total at the bottom and right): on PyTorch, torch's
-    implicit -inf padding of the top and left share with ceil_mode, which adds the rest."""
-    if not on_torch() or layer.data_format != "channels_last":
+    rule: total // 2 rows and columns of -inf before, the rest after. On PyTorch, torch pads
+    total // 2 on both sides and ceil_mode adds the odd one after, which a stride of 2 or more
+    allows (with strides no larger than the pool); other pools take Keras' path."""
+    strides, sizes = layer.strides, layer.pool_size
+    if (not on_torch() or layer.data_format != "channels_last" or min(strides) < 2
+            or any(stride > size for stride, size in zip(strides, sizes, strict=True))):
         return keras.layers.MaxPooling2D.call(layer, x)
     import torch
 
@@ -175,7 +177,8 @@ def max_pool(x, layer):
         padding = tuple(max((-(-side // stride) - 1) * stride + size - side, 0) // 2
                         for side, size, stride in zip(x.shape[1:3], layer.pool_size,
                                                       layer.strides, strict=True))
-    # channels-last memory: torch pools it many times faster than channels-first
+    # contiguous() makes the channels-first view channels-last in memory, where torch's CPU
+    # kernel pools faster
     pooled = torch.nn.functional.max_pool2d(x.contiguous().permute(0, 3, 1, 2), layer.pool_size,
                                             layer.strides, padding,
                                             ceil_mode=layer.padding == "same")

@@ -17,7 +17,7 @@ import os
 import time
 
 from . import train
-from .common import MASKED_TARGETS, model_config, run
+from .common import MASKED_TARGETS, NO_RESNET, model_config, run
 
 OBJECTIVES = ("masked-patch",)
 
@@ -46,9 +46,7 @@ def fill_pretrain_defaults(args) -> None:
     if args.epochs is None:  # the main job's epoch count is for supervised training
         args.epochs = train.DEFAULT_EPOCHS
     if args.variant is None and args.resnet_layers is None:
-        for key, value in train.PLAIN_MAIN_JOB_MODEL.items():
-            if getattr(args, key) is None:
-                setattr(args, key, value)
+        args.resnet_layers = NO_RESNET  # patches of pixels: train.fill_defaults' plain ViT
     train.fill_defaults(args)
 
 

@@ -38,8 +38,9 @@ from .common import (
 MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
                       patch_size=2, resnet_layers=(1,), resnet_width=32, image_size=32,
                       num_classes=10, classifier="gap", posemb="sincos2d")
-# What masked patch prediction (apps.pretrain) changes of it: patches of pixels, which a plain
-# ViT cuts (the main job's model before the hybrid: 7x7-pixel patches of 28-pixel images).
+# The main job's model as a plain ViT, with --resnet-layers none and for masked patch
+# prediction (apps.pretrain), which corrupts patches of pixels: 7x7-pixel patches of 28-pixel
+# images, the main job's model before the hybrid.
 PLAIN_MAIN_JOB_MODEL = dict(resnet_layers=NO_RESNET, patch_size=7, image_size=28)
 # Its epochs, chosen in docs/mainjob.md; other runs default to DEFAULT_EPOCHS.
 MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 7, 20
@@ -142,7 +143,8 @@ def fill_defaults(args) -> None:
 
     main_job = args.variant is None
     if main_job:
-        for key, value in MAIN_JOB_MODEL.items():
+        plain = args.resnet_layers == NO_RESNET  # then the plain ViT's patches and image size
+        for key, value in {**MAIN_JOB_MODEL, **(PLAIN_MAIN_JOB_MODEL if plain else {})}.items():
             if getattr(args, key) is None:
                 setattr(args, key, value)
     elif args.image_size is None:

@@ -276,16 +276,24 @@ def test_readme_tells_every_extra():
     assert set(re.findall(r"^\| `([\w-]+)` \|", install, re.M)) == set(extras)
 
 
-@pytest.mark.parametrize("flags, resnet_layers, resnet_width", [
-    ([], (1,), 32),  # the main job's hybrid
-    (["--resnet-layers", "none"], None, 32),
-    (["--resnet-layers", "stem", "--resnet-width", "64"], (), 64),
-    (["--resnet-layers", "3,4,9"], (3, 4, 9), 32),
+@pytest.mark.parametrize("app, flags, resnet_layers, patch_size, image_size", [
+    ("train", [], (1,), 2, 32),  # the main job's hybrid
+    ("train", ["--resnet-layers", "none"], None, 7, 28),  # its plain ViT
+    ("train", ["--resnet-layers", "none", "--patch-size", "4"], None, 4, 28),
+    ("train", ["--resnet-layers", "stem", "--resnet-width", "64"], (), 2, 32),
+    ("train", ["--resnet-layers", "3,4,9"], (3, 4, 9), 2, 32),
+    ("pretrain", [], None, 7, 28),  # masked patch prediction: patches of pixels
 ])
-def test_resnet_flags_make_the_config(flags, resnet_layers, resnet_width):
-    from apps import common, train
+def test_resnet_flags_make_the_config(app, flags, resnet_layers, patch_size, image_size):
+    from apps import common, pretrain, train
 
-    args = train.build_parser().parse_args(flags)
-    train.fill_defaults(args)
+    if app == "pretrain":
+        args = pretrain.build_parser().parse_args(flags)
+        pretrain.fill_pretrain_defaults(args)
+    else:
+        args = train.build_parser().parse_args(flags)
+        train.fill_defaults(args)
     config = common.model_config(args)
-    assert (config.resnet_layers, config.resnet_width) == (resnet_layers, resnet_width)
+    assert (config.resnet_layers, config.patch_size, args.image_size) == (
+        resnet_layers, patch_size, image_size)
+    assert config.resnet_width == (64 if "64" in flags else 32)

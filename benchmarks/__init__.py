@@ -4,6 +4,7 @@ Not installed: run from the repository root (`python -m benchmarks.bench`).
 """
 
 import json
+import os
 
 # The tiny model of every --smoke run: checks that a benchmark runs, measures nothing.
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
@@ -22,7 +23,8 @@ def limit_flags(limit: int | None) -> list[str]:
 
 
 def write_json(report, path: str | None) -> None:
-    """The report as indented JSON at `path`, where one is given (--json)."""
+    """The report as indented JSON at `path`, where one is given (--json), its folder made."""
     if path:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as file:
             json.dump(report, file, indent=1)

@@ -352,6 +352,7 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "finetunequantization": finetune_quantization_block,
           "revisions": revisions_block,
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
+          "mainjobresnetkernels": lambda: revisions_block("revisions-resnet-kernels"),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

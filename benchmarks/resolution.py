@@ -41,7 +41,8 @@ def main(argv=None) -> dict:
     for size, epochs in ((args.image_size, args.epochs), (BASE_SIZE, base_epochs)):
         keras.utils.set_random_seed(0)
         runs[f"{size}px"] = finetune.main([
-            args.model, "--image-size", str(size), "--patch-size", str(PATCH_SIZE),
+            args.model, "--resnet-layers", "none", "--image-size", str(size),
+            "--patch-size", str(PATCH_SIZE),
             "--recipe", args.recipe, "--recipe-option", f"patch_drop_rate={PATCH_DROP_RATE}",
             "--learning-rate", str(args.learning_rate), "--epochs", str(epochs),
             "--run-dir", os.path.join(args.out, f"{size}px"), *limit])

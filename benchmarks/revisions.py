@@ -14,6 +14,7 @@ median over --samples timed calls.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -23,14 +24,13 @@ import sys
 from apps.train import MAIN_JOB_MODEL
 from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL, write_json
 from benchmarks.machine import describe_host
+from benchmarks.runners import MAIN_JOB_CONFIG
 
 TREES = ("before", "after")
 BATCH = {"Ti/16": 32, "B/16": 8, "main": 128}  # --batch overrides; other variants get 32
-# "main": the main job's model (ResNet included) as vk.vit takes its shape, at its image size.
-MAIN_JOB_SHAPE = {key: MAIN_JOB_MODEL[key] for key in (
-    "hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size", "resnet_layers",
-    "resnet_width")}
-MODELS = {"main": (MAIN_JOB_SHAPE, MAIN_JOB_MODEL["image_size"])}
+# "main": the main job's shape, its ResNet included, at its image size (the child's own head
+# and position embedding).
+MODELS = {"main": (dataclasses.asdict(MAIN_JOB_CONFIG), MAIN_JOB_MODEL["image_size"])}
 
 CHILD = r"""
 import json, sys, time

@@ -20,12 +20,12 @@ from benchmarks import (
 from benchmarks.device import on_device, synchronize, torch_device
 
 OURS = "vit_keras"
-# The main job's model (apps.train.MAIN_JOB_MODEL) as the plain ViT the peers can build: its
-# blocks on its tokens, each patch one of the hybrid's cells (the ResNet left out).
-_MAIN_JOB_CONFIG = vk.ViTConfig(**{key: MAIN_JOB_MODEL[key] for key in (
+# The main job's model's shape (apps.train.MAIN_JOB_MODEL), and as the plain ViT the peers can
+# build: its blocks on its tokens, each patch one of the hybrid's cells (the ResNet left out).
+MAIN_JOB_CONFIG = vk.ViTConfig(**{key: MAIN_JOB_MODEL[key] for key in (
     "hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size", "resnet_layers",
     "resnet_width")})
-MAIN_JOB_BLOCKS = dataclasses.replace(_MAIN_JOB_CONFIG, patch_size=_MAIN_JOB_CONFIG.cell_size,
+MAIN_JOB_BLOCKS = dataclasses.replace(MAIN_JOB_CONFIG, patch_size=MAIN_JOB_CONFIG.cell_size,
                                       resnet_layers=None)
 
 
@@ -69,10 +69,11 @@ def resnet_macs(config: vk.ViTConfig, image_size: int) -> tuple[int, int]:
     for stage, units in enumerate(config.resnet_layers):
         features = config.resnet_width * 2**stage
         for unit in range(units):
-            out = -(-side // 2) if stage > 0 and unit == 0 else side
+            strided = stage > 0 and unit == 0
+            out = -(-side // 2) if strided else side
             macs += side * side * channels * features + out * out * 9 * features * features
             macs += out * out * features * 4 * features
-            if channels != 4 * features or out != side:
+            if channels != 4 * features or strided:
                 macs += out * out * channels * 4 * features  # the projected shortcut
             side, channels = out, 4 * features
     return macs, channels

@@ -13,12 +13,12 @@ import argparse
 import keras
 import numpy as np
 
-from apps import train
+from apps import common, train
 from benchmarks import write_json
 from benchmarks.machine import describe_host
 from benchmarks.runners import TRAIN_FLOPS_PER_FORWARD, forward_flops
 from benchmarks.timing import timed_in_turns
-from vit_keras import configs, distribute, training
+from vit_keras import distribute, training
 
 CLASSES = train.MAIN_JOB_MODEL["num_classes"]  # Fashion-MNIST's
 
@@ -59,9 +59,7 @@ def main(argv=None) -> dict:
     seconds = step_seconds(model, args.batches, run.image_size, args.repeats)
     small, large = args.batches
     per_image = (seconds[large] - seconds[small]) / (large - small)
-    config = configs.ViTConfig(hidden_size=run.hidden_size, num_layers=run.num_layers,
-                               num_heads=run.num_heads, mlp_dim=run.mlp_dim,
-                               patch_size=run.patch_size)
+    config = common.model_config(run)  # the hybrid's ResNet included
     train_flops = TRAIN_FLOPS_PER_FORWARD * forward_flops(
         config, run.image_size, CLASSES, class_token=run.classifier == "token")
     report = {"backend": keras.backend.backend(), "machine": describe_host(),

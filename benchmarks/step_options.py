@@ -16,9 +16,6 @@ from benchmarks.machine import describe_host
 from benchmarks.step_cost import main_job_model, step_call
 from benchmarks.timing import timed_in_turns
 
-# The plain ViT of 28-pixel images that the main job trained before its hybrid.
-PLAIN = ["--resnet-layers", "none", "--image-size", "28", "--num-layers", "4", "--patch-size",
-         "7"]
 # Each option: apps.train flags and the batch its step is timed at; "plain" is the main job's.
 OPTIONS = {
     "plain": ([], 128),
@@ -28,9 +25,10 @@ OPTIONS = {
     "mixed_bfloat16": (["--precision", "mixed_bfloat16"], 128),
     # No speed options but the earlier defaults' plain ViTs, for their cost: 7x7-pixel patches,
     # and 4x4-pixel patches at patch dropout 0.5.
-    "plain_7x7": (PLAIN, 128),
-    "plain_4x4_dropout": ([*PLAIN[:4], "--patch-size", "4", "--recipe-option",
-                           "patch_drop_rate=0.5"], 128),
+    "plain_7x7": (["--resnet-layers", "none", "--image-size", "28", "--num-layers", "4",
+                   "--patch-size", "7"], 128),
+    "plain_4x4_dropout": (["--resnet-layers", "none", "--image-size", "28", "--patch-size", "4",
+                           "--recipe-option", "patch_drop_rate=0.5"], 128),
 }
 
 

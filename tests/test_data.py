@@ -58,6 +58,30 @@ def test_numpy_source_and_preprocessing_range_and_shape():
 
 
 @backend_independent
+@pytest.mark.parametrize("crop, resizes", [("none", 8), ("inception", 16)])
+def test_a_cached_pipeline_resizes_once_and_draws_crops_anew(monkeypatch, crop, resizes):
+    # Without a random crop the resized images are what the cache keeps: two passes over 8
+    # images resize 8 times and give the same images. A random crop is drawn after the cache,
+    # on every pass, and resized there: 16 resizes and other images.
+    calls = []
+    resize = data._resize
+
+    def counted(image, size):
+        called = tf.py_function(lambda: calls.append(1) or 0, [], tf.int32)
+        return resize(image, size) + tf.cast(0 * called, tf.uint8)
+
+    monkeypatch.setattr(data, "_resize", counted)
+    rng = np.random.default_rng(1)
+    source = data.from_arrays(rng.integers(0, 256, (8, 20, 20, 1), dtype=np.uint8), np.arange(8))
+    batches = data.make_pipeline(source, image_size=24, num_classes=8, batch_size=8,
+                                 training=True, crop=crop, flip=False, cache=True, seed=3)
+    first, second = (np.sort(next(iter(batches))[0].numpy().reshape(8, -1), axis=0)
+                     for _ in range(2))
+    assert len(calls) == resizes
+    assert np.array_equal(first, second) == (crop == "none")
+
+
+@backend_independent
 def test_flip_mirrors_each_image_on_its_own_draw():
     """Batch-level flipping: every image comes out as itself or its left-right mirror, under
     its own label, and one batch holds both."""

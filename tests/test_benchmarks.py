@@ -566,10 +566,14 @@ def test_step_cost_counts_the_main_jobs_arithmetic():
 
     report = step_cost.main(["--batches", "2", "6", "--repeats", "1"])
     assert sorted(report["ms_per_step"]) == ["2", "6"]
-    # the main job's model by hand: 16 patches of 7x7x3 to width 64, 4 blocks of 16 tokens
-    # (qkv and out 4*16*64*64, attention 2*16*16*64, MLP 2*16*64*128), a head to 10 classes;
-    # 2 FLOPs a multiply-add, a training step three forward passes
-    macs = 16 * 147 * 64 + 4 * (4 * 16 * 64 * 64 + 2 * 16 * 16 * 64 + 2 * 16 * 64 * 128) + 640
+    # the main job's hybrid by hand: the ResNet's 7x7/2 root on 16x16 cells of 32-pixel images
+    # (3 -> 32 channels), one unit on the 8x8 map (32 -> 32 1x1, 3x3, 32 -> 128 1x1 and
+    # projection), 16 patches of 2x2x128 to width 64, 4 blocks of 16 tokens (qkv and out
+    # 4*16*64*64, attention 2*16*16*64, MLP 2*16*64*128), a head to 10 classes; 2 FLOPs a
+    # multiply-add, a training step three forward passes
+    resnet = 16 * 16 * 49 * 3 * 32 + 64 * (32 * 32 + 9 * 32 * 32 + 2 * 32 * 128)
+    blocks = 4 * (4 * 16 * 64 * 64 + 2 * 16 * 16 * 64 + 2 * 16 * 64 * 128)
+    macs = resnet + 16 * 512 * 64 + blocks + 640
     assert report["train_gflop_per_image"] == round(3 * 2 * macs / 1e9, 5)
 
 

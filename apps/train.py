@@ -43,7 +43,7 @@ MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4
 # images, the main job's model before the hybrid.
 PLAIN_MAIN_JOB_MODEL = dict(resnet_layers=NO_RESNET, patch_size=7, image_size=28)
 # Its epochs, chosen in docs/mainjob.md; other runs default to DEFAULT_EPOCHS.
-MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 7, 20
+MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 8, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}

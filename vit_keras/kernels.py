@@ -175,11 +175,9 @@ def max_pool(x, layer):
     padding = (0, 0)
     if layer.padding == "same":
         padding = tuple(max((-(-side // stride) - 1) * stride + size - side, 0) // 2
-                        for side, size, stride in zip(x.shape[1:3], layer.pool_size,
-                                                      layer.strides, strict=True))
+                        for side, size, stride in zip(x.shape[1:3], sizes, strides, strict=True))
     # contiguous() makes the channels-first view channels-last in memory, where torch's CPU
     # kernel pools faster
-    pooled = torch.nn.functional.max_pool2d(x.contiguous().permute(0, 3, 1, 2), layer.pool_size,
-                                            layer.strides, padding,
-                                            ceil_mode=layer.padding == "same")
+    pooled = torch.nn.functional.max_pool2d(x.contiguous().permute(0, 3, 1, 2), sizes, strides,
+                                            padding, ceil_mode=layer.padding == "same")
     return pooled.permute(0, 2, 3, 1)

@@ -563,6 +563,44 @@ def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool
             np.testing.assert_allclose(*grads, atol=1e-5)
 
 
+@pytest.mark.parametrize("size", [(9, 12), (16, 16)])
+@pytest.mark.parametrize("kernel, strides", [(7, 2), (3, 1), (3, 2), (1, 1), (1, 2)])
+def test_resnet_convolution_equals_keras_conv_of_standardised_kernel(size, kernel, strides):
+    # StdConv takes kernels' direct path on PyTorch (a strided "same" convolution pads an even
+    # side asymmetrically). Keras' convolution of the kernel standardised by NumPy (by torch
+    # for the gradients) is the reference, forward and backward (to the input and raw kernel).
+    from vit_keras.resnet import WEIGHT_STD_EPSILON, StdConv
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(2, *size, 8)).astype("float32")
+    raw = rng.normal(1.0, 2.0, size=(kernel, kernel, 8, 16)).astype("float32")
+    centred = raw - raw.mean(axis=(0, 1, 2))
+    standardised = centred / (np.sqrt((centred**2).mean(axis=(0, 1, 2))) + WEIGHT_STD_EPSILON)
+    ours = StdConv(16, kernel, strides)
+    reference = keras.layers.Conv2D(16, kernel, strides, padding="same", use_bias=False)
+    ours.build(x.shape)
+    reference.build(x.shape)
+    ours.set_weights([raw])
+    reference.set_weights([standardised])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ours(x)),
+                               keras.ops.convert_to_numpy(reference(x)), atol=1e-4)
+    if keras.backend.backend() == "torch":
+        import torch
+
+        inputs = torch.tensor(x, requires_grad=True)
+        (ours(inputs) * torch.linspace(-1, 1, 16)).sum().backward()
+        got_input, got_kernel = inputs.grad.numpy(), ours.kernel.value.grad.numpy()
+        inputs = torch.tensor(x, requires_grad=True)
+        kernel_tensor = torch.tensor(raw, requires_grad=True)
+        mean = kernel_tensor.mean(dim=(0, 1, 2))
+        std = ((kernel_tensor - mean) ** 2).mean(dim=(0, 1, 2)).sqrt()
+        outputs = keras.ops.conv(inputs, (kernel_tensor - mean) / (std + WEIGHT_STD_EPSILON),
+                                 strides, padding="same")
+        (outputs * torch.linspace(-1, 1, 16)).sum().backward()
+        np.testing.assert_allclose(got_input, inputs.grad.numpy(), atol=1e-4)
+        np.testing.assert_allclose(got_kernel, kernel_tensor.grad.numpy(), atol=1e-4)
+
+
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "bfloat16"])
 def test_resnet_group_norm_under_half_precision_equals_keras_layer(policy):
     from vit_keras.resnet import GroupNorm

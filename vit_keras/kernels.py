@@ -17,9 +17,11 @@ call returns, from its variables: the blocks' direct path (vit_keras.layers). On
 are torch ops on the variables' tensors, since in eager mode a Keras layer call or keras.ops
 call costs many times the arithmetic of a small model (docs/performance.md, host overhead).
 
-group_norm and max_pool compute what the hybrids' GroupNormalization and MaxPooling2D layers
-return on channels-last maps (vit_keras.resnet). On PyTorch they are torch's own kernels on
-channels-first views, where Keras' versions take several eager operations and copies each
+conv2d, group_norm and max_pool compute what the hybrids' Conv2D, GroupNormalization and
+MaxPooling2D layers return on channels-last maps (vit_keras.resnet). On PyTorch they are
+torch's own kernels on channels-first views: the maps stay channels-last in memory for the
+convolutions and pools, which torch's CPU kernels run fastest that way, and GroupNorm alone
+works on a channels-first copy; Keras' versions take several eager operations and copies each
 (docs/mainjob.md, the speed of the main job's ResNet).
 """
 
@@ -158,7 +160,38 @@ def group_norm(x, layer):
     channels_first = x.permute(0, 3, 1, 2).contiguous().float()
     out = torch.nn.functional.group_norm(channels_first, layer.groups, layer.gamma.value.float(),
                                          layer.beta.value.float(), layer.epsilon)
-    return ops.cast(out.permute(0, 2, 3, 1), layer.compute_dtype)
+    # back to channels-last memory: the ReLU, sum and convolution after it read it that way
+    return ops.cast(out.permute(0, 2, 3, 1).contiguous(), layer.compute_dtype)
+
+
+def same_padding(sides, sizes, strides) -> list[tuple[int, int]]:
+    """TensorFlow's "same" padding of each spatial side: (before, after), the odd one after."""
+    totals = (max((-(-side // stride) - 1) * stride + size - side, 0)
+              for side, size, stride in zip(sides, sizes, strides, strict=True))
+    return [(total // 2, total - total // 2) for total in totals]
+
+
+def conv2d(x, kernel, layer):
+    """layer.convolution_op(x, kernel) for a channels-last Conv2D layer: kernel (height,
+    width, inputs, outputs), "same" padding by TensorFlow's rule. On PyTorch without dilation
+    or groups, torch's convolution on channels-last memory."""
+    if not (on_torch() and layer.data_format == "channels_last" and layer.groups == 1
+            and max(layer.dilation_rate) == 1):
+        return keras.layers.Conv2D.convolution_op(layer, x, kernel)
+    import torch
+
+    images = x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+    weights = kernel.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
+    padding = [(0, 0), (0, 0)]
+    if layer.padding == "same":
+        padding = same_padding(x.shape[1:3], layer.kernel_size, layer.strides)
+    if any(before != after for before, after in padding):
+        (top, bottom), (left, right) = padding
+        images = torch.nn.functional.pad(images, (left, right, top, bottom))
+        padding = [(0, 0), (0, 0)]
+    out = torch.nn.functional.conv2d(images, weights, stride=layer.strides,
+                                     padding=[before for before, _ in padding])
+    return out.permute(0, 2, 3, 1)
 
 
 def max_pool(x, layer):
@@ -174,8 +207,7 @@ def max_pool(x, layer):
 
     padding = (0, 0)
     if layer.padding == "same":
-        padding = tuple(max((-(-side // stride) - 1) * stride + size - side, 0) // 2
-                        for side, size, stride in zip(x.shape[1:3], sizes, strides, strict=True))
+        padding = tuple(before for before, _ in same_padding(x.shape[1:3], sizes, strides))
     # contiguous() makes the channels-first view channels-last in memory, where torch's CPU
     # kernel pools faster
     pooled = torch.nn.functional.max_pool2d(x.contiguous().permute(0, 3, 1, 2), sizes, strides,

@@ -58,7 +58,7 @@ class StdConv(keras.layers.Conv2D):
         kernel = kernel - ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
         std = ops.sqrt(ops.mean(ops.square(kernel), axis=(0, 1, 2), keepdims=True))
         kernel = kernel / (std + WEIGHT_STD_EPSILON)
-        return super().convolution_op(inputs, ops.cast(kernel, inputs.dtype))
+        return kernels.conv2d(inputs, ops.cast(kernel, inputs.dtype), self)
 
 
 @_register

@@ -7,6 +7,9 @@ import os
 import platform
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+# The variables that cap the vector extensions PyTorch's own kernels, oneDNN and MKL use: an
+# AVX-512 CPU run with them set to AVX2 stands in for an AVX2 one (docs/mainjob.md).
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 
 
 @functools.cache
@@ -47,7 +50,8 @@ def describe_host() -> dict:
             "isa": [flag for flag in ISA_FLAGS if flag in flags],
             "memory_gib": round(memory, 1),
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            **{name: os.environ[name] for name in ISA_CAPS if name in os.environ}}
 
 
 def describe_machine() -> dict:
@@ -59,8 +63,9 @@ def machine_line(machine: dict) -> str:
     isa = ", ".join(machine["isa"]) or "none of " + ", ".join(ISA_FLAGS)
     line = (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({isa}), "
             f"{machine['memory_gib']:.0f} GiB")
-    if machine.get("OMP_NUM_THREADS"):
-        line += f", OMP_NUM_THREADS={machine['OMP_NUM_THREADS']}"
+    for name in ("OMP_NUM_THREADS", *ISA_CAPS):
+        if machine.get(name):
+            line += f", {name}={machine[name]}"
     if "devices" in machine:
         line += f", devices {', '.join(machine['devices'])}"
     return line

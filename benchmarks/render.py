@@ -14,6 +14,7 @@ import re
 import statistics
 import sys
 
+from apps.train import MAIN_JOB_EPOCHS
 from apps.variants import pretrained_table, variant_table
 from benchmarks.input_size import markdown as input_size_markdown
 from benchmarks.machine import machine_line, machines_sentence, vector_extension
@@ -113,6 +114,53 @@ def mainjob_step_options_block() -> str:
     return (table(["option", "flags", "batch", "ms per step", "ms per image",
                    "images per second against plain"], rows)
             + f"\n\n{machines_sentence([report])}")
+
+
+def mainjob_cpus_block() -> str:
+    """The default's seeds on each CPU they ran on: docs/mainjob/seeds.json, the latest, and
+    the earlier CPUs' docs/mainjob/cpus/NAME/seeds.json."""
+    runs = [_json(os.path.join("mainjob", "seeds.json"))] + [
+        _json(os.path.relpath(path, DOCS))
+        for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", "cpus", "*", "seeds.json")))]
+    rows = [[machine_line(run["machine"]), run["backend"], str(run["epochs"]),
+             ", ".join(run["seeds"]), f"{run['mean_test_accuracy']:.2%}",
+             f"{run['min_test_accuracy']:.2%} to {run['max_test_accuracy']:.2%}",
+             f"{run['mean_fit_minutes']:.1f}", f"{run['max_fit_minutes']:.1f}"] for run in runs]
+    return table(["machine", "backend", "epochs", "seeds", "mean test accuracy",
+                  "seeds' range", "model.fit minutes, mean", "model.fit minutes, most"], rows)
+
+
+AVX2_STAND_IN = {  # label: step_cost file under docs/mainjob/steps/
+    "the hybrid (the default)": "torch.json",
+    "the hybrid, kernels capped at AVX2": "avx2_capped/torch.json",
+    "the plain 7x7-pixel ViT": "avx2_capped/plain_7x7_torch_uncapped.json",
+    "the plain 7x7-pixel ViT, kernels capped at AVX2": "avx2_capped/plain_7x7_torch.json",
+    "the plain 7x7-pixel ViT on the AVX2 CPU": "plain_7x7/torch.json",
+}
+
+
+def mainjob_avx2_block() -> str:
+    """PyTorch's training step with its kernels capped at AVX2 beside the real AVX2 CPU's, and
+    the hybrid's step there estimated from them: the capped fixed cost and cost per image,
+    each scaled by the plain ViT's real-to-capped ratio."""
+    steps = {label: _json(os.path.join("mainjob", "steps", name))
+             for label, name in AVX2_STAND_IN.items()}
+    rows = [[label, machine_line(s["machine"]), f"{s['ms_per_step']['8']:.1f}",
+             f"{s['ms_per_step']['128']:.1f}", f"{s['fixed_ms_per_step']:.1f}",
+             f"{s['ms_per_image']:.3f}"] for label, s in steps.items()]
+    hybrid, plain = (steps[f"the {name}, kernels capped at AVX2"]
+                     for name in ("hybrid", "plain 7x7-pixel ViT"))
+    real = steps["the plain 7x7-pixel ViT on the AVX2 CPU"]
+    fixed = hybrid["fixed_ms_per_step"] * real["fixed_ms_per_step"] / plain["fixed_ms_per_step"]
+    per_image = hybrid["ms_per_image"] * real["ms_per_image"] / plain["ms_per_image"]
+    step = fixed + 128 * per_image
+    steps_per_epoch = 60_000 // 128  # Fashion-MNIST's training images, the main job's batch
+    minutes = MAIN_JOB_EPOCHS * steps_per_epoch * step / 60_000
+    return (table(["model", "machine", "ms per step of 8", "ms per step of 128",
+                   "fixed ms per step", "ms per image"], rows)
+            + f"\n\nEstimate for the hybrid on the AVX2 CPU: {fixed:.1f} ms fixed and "
+            f"{per_image:.3f} ms per image, {step:.1f} ms per step of 128, "
+            f"{minutes:.1f} minutes for {MAIN_JOB_EPOCHS} epochs of training steps alone.")
 
 
 def mainjob_backends_block() -> str:
@@ -345,7 +393,8 @@ def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "readmemainjob": readme_mainjob_block, "mainjobvalidation": mainjob_validation_block,
           "mainjobfast": mainjob_fast_block,
-          "mainjobbackends": mainjob_backends_block, "mainjobsetup": setup_line,
+          "mainjobbackends": mainjob_backends_block, "mainjobcpus": mainjob_cpus_block,
+          "mainjobavx2": mainjob_avx2_block, "mainjobsetup": setup_line,
           "mainjobstepoptions": mainjob_step_options_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,
           "finetunelora": finetune_lora_block,
@@ -353,6 +402,7 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "revisions": revisions_block,
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
           "mainjobresnetkernels": lambda: revisions_block("revisions-resnet-kernels"),
+          "mainjobconv": lambda: revisions_block("revisions-conv"),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

@@ -249,6 +249,11 @@ def test_machine_line_names_a_thread_cap_and_the_widest_vector_extension():
     assert machine.machine_line(capped) == (
         "A, 2 logical cores (avx2, fma, avx512f), 24 GiB, OMP_NUM_THREADS=1")
     assert machine.vector_extension(capped) == "AVX-512"
+    emulated = {**capped, "OMP_NUM_THREADS": None, "ATEN_CPU_CAPABILITY": "avx2",
+                "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert machine.machine_line(emulated) == (
+        "A, 2 logical cores (avx2, fma, avx512f), 24 GiB, ATEN_CPU_CAPABILITY=avx2, "
+        "ONEDNN_MAX_CPU_ISA=AVX2")
     assert machine.vector_extension({**capped, "isa": ["avx2", "fma"]}) == "AVX2"
     assert machine.vector_extension({**capped, "isa": []}) == "no AVX2"
     assert machine.vector_extension({**capped, "isa": ["avx512f", "amx_bf16"]}) == "AMX"
@@ -475,6 +480,8 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
         run_dir.mkdir(parents=True)
         for name in mainjob.RUN_FILES:
             (run_dir / name).write_text("seed 1's")
+        (run_dir / "history.json").write_text(json.dumps(
+            {"0": {"epoch_seconds": 260.5}, "1": {"epoch_seconds": 270.0}}))
         (run_dir / "result.json").write_text(json.dumps(
             {"epochs": 18, "backend": "jax", "test_accuracy": 0.9, "fit_seconds": 540.0,
              "total_seconds": 560.0}))
@@ -486,6 +493,7 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     seed0.mkdir(parents=True)
     for name in mainjob.RUN_FILES:
         (seed0 / name).write_text("seed 0's")
+    (seed0 / "history.json").write_text(json.dumps({"0": {"epoch_seconds": 470.3}}))
     (seed0 / "result.json").write_text(json.dumps(
         {"epochs": 18, "backend": "jax", "test_accuracy": 0.92, "fit_seconds": 480.0,
          "total_seconds": 500.0}))
@@ -497,6 +505,8 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert report["backend"] == "jax"  # the runs', as their result.json says
     assert (report["mean_test_accuracy"], report["min_test_accuracy"]) == (0.91, 0.9)
     assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
+    assert ({seed: r["epochs_seconds"] for seed, r in report["seeds"].items()}
+            == {"0": 470.3, "1": 530.5})  # the histories' epochs, summed
     assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
     assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"
 

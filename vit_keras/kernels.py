@@ -19,9 +19,9 @@ call costs many times the arithmetic of a small model (docs/performance.md, host
 
 conv2d, group_norm and max_pool compute what the hybrids' Conv2D, GroupNormalization and
 MaxPooling2D layers return on channels-last maps (vit_keras.resnet). On PyTorch they are
-torch's own kernels on channels-first views: the maps stay channels-last in memory for the
-convolutions and pools, which torch's CPU kernels run fastest that way, and GroupNorm alone
-works on a channels-first copy; Keras' versions take several eager operations and copies each
+torch's own kernels on channels-first views: the maps stay channels-last in memory, where
+torch's CPU convolutions and pools run fastest, and GroupNorm alone works on a channels-first
+copy; Keras' versions take several eager operations and copies each
 (docs/mainjob.md, the speed of the main job's ResNet).
 """
 

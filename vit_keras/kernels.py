@@ -182,15 +182,12 @@ def conv2d(x, kernel, layer):
 
     images = x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
     weights = kernel.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
-    padding = [(0, 0), (0, 0)]
-    if layer.padding == "same":
-        padding = same_padding(x.shape[1:3], layer.kernel_size, layer.strides)
-    if any(before != after for before, after in padding):
-        (top, bottom), (left, right) = padding
+    (top, bottom), (left, right) = (same_padding(x.shape[1:3], layer.kernel_size, layer.strides)
+                                    if layer.padding == "same" else [(0, 0), (0, 0)])
+    if (top, left) != (bottom, right):  # torch pads evenly: the odd row or column by hand
         images = torch.nn.functional.pad(images, (left, right, top, bottom))
-        padding = [(0, 0), (0, 0)]
-    out = torch.nn.functional.conv2d(images, weights, stride=layer.strides,
-                                     padding=[before for before, _ in padding])
+        top = left = 0
+    out = torch.nn.functional.conv2d(images, weights, stride=layer.strides, padding=(top, left))
     return out.permute(0, 2, 3, 1)
 
 

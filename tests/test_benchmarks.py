@@ -343,6 +343,23 @@ def test_flop_count_matches_timm_figure():
 
 
 @backend_independent
+def test_avx2_estimate_scales_the_capped_step_by_the_plain_vits_real_to_capped_ratio():
+    from benchmarks import render
+
+    def report(fixed, per_image):
+        return {"fixed_ms_per_step": fixed, "ms_per_image": per_image,
+                "ms_per_step": {"8": fixed + 8 * per_image, "128": fixed + 128 * per_image}}
+
+    # The real CPU pays twice the plain ViT's capped fixed cost and 1.25 times its cost per
+    # image: the hybrid's 20 ms and 0.4 ms become 40 ms and 0.5 ms, 40 + 128 x 0.5 = 104 ms a
+    # step, and 10 epochs of 300 steps 312,000 ms, 5.2 minutes.
+    estimate = render.avx2_estimate(report(20.0, 0.4), report(10.0, 0.2), report(20.0, 0.25),
+                                    epochs=10, steps_per_epoch=300)
+    assert estimate == pytest.approx({"fixed_ms": 40.0, "ms_per_image": 0.5, "batch": 128,
+                                      "ms_per_step": 104.0, "minutes": 5.2})
+
+
+@backend_independent
 def test_hybrid_flop_count_adds_the_resnet_convolutions():
     import vit_keras as vk
     from benchmarks import runners

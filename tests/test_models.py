@@ -534,13 +534,16 @@ def test_include_preprocessing_takes_raw_pixels_as_vk_preprocess_scales_them(tmp
 
 @pytest.mark.parametrize("size", [(9, 12), (16, 16)])
 @pytest.mark.parametrize("pool, strides", [(3, 2), (2, 1), (2, 3)])
-def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool, strides):
+@pytest.mark.parametrize("channels", [64, 128])
+def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool, strides,
+                                                                      channels):
     # The hybrids' GroupNorm and MaxPool take kernels' direct path on PyTorch (a 3x3/2 pool
-    # pads an even side asymmetrically, an odd one evenly; the others take Keras' path there).
+    # pads an even side asymmetrically, an odd one evenly; the others take Keras' path there;
+    # 32 groups of 2 channels normalise a channels-first copy, of 4 the channels-last maps).
     # Keras' own layers are the reference, forward and backward.
     from vit_keras.resnet import GroupNorm, MaxPool
 
-    x = np.random.default_rng(0).normal(size=(2, *size, 64)).astype("float32")
+    x = np.random.default_rng(0).normal(size=(2, *size, channels)).astype("float32")
     pairs = [(GroupNorm(32, epsilon=1e-6, gamma_initializer="random_normal",
                         beta_initializer="random_normal"),
               keras.layers.GroupNormalization(32, epsilon=1e-6)),
@@ -558,9 +561,37 @@ def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool
             grads = []
             for layer in (ours, reference):
                 inputs = torch.tensor(x, requires_grad=True)
-                (layer(inputs) * torch.linspace(-1, 1, 64)).sum().backward()
+                (layer(inputs) * torch.linspace(-1, 1, channels)).sum().backward()
                 grads.append(inputs.grad.numpy())
             np.testing.assert_allclose(*grads, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [(16, 16), (18, 13)])
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_patch_embedding_equals_keras_strided_convolution(size, use_bias):
+    # PyTorch multiplies the flattened patches by the kernel (kernels.patch_embedding); Keras'
+    # "valid" convolution with the patch size as stride is the reference, forward and backward.
+    # 18x13 images leave rows and columns past the last whole 4x4 patch out.
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, *size, 3)).astype("float32")
+    layer = vk.layers.PatchEmbedding(4, 8, use_bias=use_bias)
+    layer.build((None, None, None, 3))
+    layer.set_weights([rng.normal(size=w.shape).astype("float32") for w in layer.weights])
+    kernel = keras.ops.convert_to_numpy(layer.kernel)
+    bias = keras.ops.convert_to_numpy(layer.bias) if use_bias else np.zeros(8, "float32")
+    reference = keras.ops.convert_to_numpy(ops.conv(x, kernel, strides=4, padding="valid"))
+    reference = reference.reshape(2, -1, 8) + bias
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), reference, atol=1e-4)
+    if keras.backend.backend() == "torch":
+        weights = torch.linspace(-1, 1, 8)
+        inputs = torch.tensor(x, requires_grad=True)
+        (layer(inputs) * weights).sum().backward()
+        got_input, got_kernel = inputs.grad.numpy(), layer.kernel.value.grad.numpy()
+        inputs = torch.tensor(x, requires_grad=True)
+        kernel_tensor = torch.tensor(kernel, requires_grad=True)
+        (ops.conv(inputs, kernel_tensor, strides=4, padding="valid") * weights).sum().backward()
+        np.testing.assert_allclose(got_input, inputs.grad.numpy(), atol=1e-4)
+        np.testing.assert_allclose(got_kernel, kernel_tensor.grad.numpy(), atol=1e-4)
 
 
 @pytest.mark.parametrize("size", [(9, 12), (16, 16)])

@@ -47,6 +47,27 @@ def test_weight_decay_touches_kernels_only():
     assert any("cls" in p for p in before) and any("pos_embedding" in p for p in before)
 
 
+@pytest.mark.parametrize("global_norm", [0.5, 10.0])
+def test_gradients_clipped_to_the_recipes_global_norm(global_norm):
+    # PyTorch clips with torch's multi-tensor ops (kernels.clip_by_global_norm_fused), the
+    # others with Keras'; either way a plain SGD step of rate 1 moves each variable by its
+    # gradient times min(1, clipnorm / the norm of all gradients together), computed here.
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    recipe = training.Recipe("sgd", 1.0, "linear", 0, momentum=0.0, clipnorm=1.0)
+    optimizer = training.make_optimizer(recipe, model, total_steps=10**9)
+    variables = model.trainable_variables
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=v.shape).astype("float32") for v in variables]
+    norm = math.sqrt(sum(float((g.astype("float64") ** 2).sum()) for g in grads))
+    grads = [g * (global_norm / norm) for g in grads]
+    before = [keras.ops.convert_to_numpy(v).copy() for v in variables]
+    optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    scale = min(1.0, 1.0 / global_norm)
+    for variable, start, grad in zip(variables, before, grads, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), start - scale * grad,
+                                   atol=1e-6, err_msg=variable.path)
+
+
 def test_gradient_accumulation_equals_one_big_batch():
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")

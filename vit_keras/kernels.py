@@ -17,12 +17,19 @@ call returns, from its variables: the blocks' direct path (vit_keras.layers). On
 are torch ops on the variables' tensors, since in eager mode a Keras layer call or keras.ops
 call costs many times the arithmetic of a small model (docs/performance.md, host overhead).
 
+patch_embedding computes what PatchEmbedding's strided convolution returns; on PyTorch, the
+flattened patches times the kernel as one matrix (the paper's linear projection), which reads
+the channels-last images as they are.
+
 conv2d, group_norm and max_pool compute what the hybrids' Conv2D, GroupNormalization and
-MaxPooling2D layers return on channels-last maps (vit_keras.resnet). On PyTorch they are
-torch's own kernels on channels-first views: the maps stay channels-last in memory, where
-torch's CPU convolutions and pools run fastest, and GroupNorm alone works on a channels-first
-copy; Keras' versions take several eager operations and copies each
-(docs/mainjob.md, the speed of the main job's ResNet).
+MaxPooling2D layers return on channels-last maps (vit_keras.resnet), and standardized_kernel
+what StdConv convolves with. On PyTorch they are torch's own kernels on channels-first views:
+the maps stay channels-last in memory, where torch's CPU convolutions and pools run fastest;
+Keras' versions take several eager operations and copies each (docs/mainjob.md, the speed of
+the main job's ResNet).
+
+clip_by_global_norm_fused gives an optimizer torch's multi-tensor norm and scale for its
+global-norm clipping on PyTorch, where Keras runs two operations per gradient.
 """
 
 from __future__ import annotations
@@ -149,19 +156,47 @@ def layer_norm(x, layer):
                     layer.compute_dtype)
 
 
+# GroupNorm of groups of at least this many channels runs faster on channels-last memory than
+# on a channels-first copy; with one or two channels a group, slower (docs/mainjob.md).
+GROUP_NORM_CHANNELS_LAST_FROM = 4
+
+
 def group_norm(x, layer):
     """layer(x) for a GroupNormalization layer over the last axis of (batch, height, width,
-    channels) maps: computed in at least float32, returned in the layer's compute dtype."""
+    channels) maps: computed in at least float32, returned in the layer's compute dtype and
+    channels-last memory."""
     if not (on_torch() and len(x.shape) == 4 and layer.axis in (-1, 3) and layer.scale
             and layer.center):
         return keras.layers.GroupNormalization.call(layer, x)
     import torch
 
-    channels_first = x.permute(0, 3, 1, 2).contiguous().float()
-    out = torch.nn.functional.group_norm(channels_first, layer.groups, layer.gamma.value.float(),
+    maps = x.permute(0, 3, 1, 2)
+    if x.shape[-1] // layer.groups < GROUP_NORM_CHANNELS_LAST_FROM:
+        maps = maps.contiguous()
+    out = torch.nn.functional.group_norm(maps.float(), layer.groups, layer.gamma.value.float(),
                                          layer.beta.value.float(), layer.epsilon)
-    # back to channels-last memory: the ReLU, sum and convolution after it read it that way
+    # channels-last memory: the ReLU, sum and convolution after it read it that way
     return ops.cast(out.permute(0, 2, 3, 1).contiguous(), layer.compute_dtype)
+
+
+def patch_embedding(images, layer):
+    """layer(images) for a PatchEmbedding layer: its kernel (P, P, C, D) as a strided "valid"
+    convolution over channels-last images, plus its bias, as (batch, grid_h * grid_w, D)
+    tokens (rows and columns past the last whole patch left out)."""
+    kernel, size = layer.kernel, layer.patch_size
+    if not on_torch():
+        x = ops.conv(images, kernel, strides=size, padding="valid")
+        if layer.use_bias:
+            x = x + layer.bias
+        _, grid_h, grid_w, _ = ops.shape(x)
+        return ops.reshape(x, (-1, grid_h * grid_w, kernel.shape[-1]))
+    batch, height, width, channels = images.shape
+    grid_h, grid_w = height // size, width // size
+    patches = images[:, :grid_h * size, :grid_w * size].reshape(
+        batch, grid_h, size, grid_w, size, channels).transpose(2, 3)
+    patches = patches.reshape(batch, grid_h * grid_w, size * size * channels)
+    tokens = patches @ kernel.value.reshape(size * size * channels, -1)
+    return tokens + layer.bias.value if layer.use_bias else tokens
 
 
 def same_padding(sides, sizes, strides) -> list[tuple[int, int]]:
@@ -191,6 +226,22 @@ def conv2d(x, kernel, layer):
     return out.permute(0, 2, 3, 1)
 
 
+def standardized_kernel(kernel, epsilon: float, dtype):
+    """A convolution kernel (height, width, inputs, outputs) standardised per output filter:
+    zero mean and unit standard deviation (plus epsilon) over the rest, computed in float32
+    (a bfloat16 mean and variance would lose small filters), returned in dtype (the
+    backend's, as a tensor's dtype is)."""
+    if on_torch():
+        kernel = (kernel.value if isinstance(kernel, keras.Variable) else kernel).float()
+        centred = kernel - kernel.mean(dim=(0, 1, 2), keepdim=True)
+        std = centred.square().mean(dim=(0, 1, 2), keepdim=True).sqrt()
+        return (centred / (std + epsilon)).to(dtype)
+    kernel = ops.cast(kernel, "float32")
+    centred = kernel - ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
+    std = ops.sqrt(ops.mean(ops.square(centred), axis=(0, 1, 2), keepdims=True))
+    return ops.cast(centred / (std + epsilon), dtype)
+
+
 def max_pool(x, layer):
     """layer(x) for a channels-last MaxPooling2D layer. "same" padding follows TensorFlow's
     rule: total // 2 rows and columns of -inf before, the rest after. On PyTorch, torch pads
@@ -210,3 +261,24 @@ def max_pool(x, layer):
     pooled = torch.nn.functional.max_pool2d(x.contiguous().permute(0, 3, 1, 2), sizes, strides,
                                             padding, ceil_mode=layer.padding == "same")
     return pooled.permute(0, 2, 3, 1)
+
+
+def clip_by_global_norm_fused(optimizer) -> None:
+    """On PyTorch, optimizer's global-norm clipping (global_clipnorm) by torch's multi-tensor
+    norm and product: Keras sums each gradient's squares with operations of its own, two
+    dispatches per variable. The scale is Keras': min(1, global_clipnorm / norm), NaN where
+    the norm is not finite. Other backends and other clipping keep Keras' own."""
+    if not (on_torch() and optimizer.global_clipnorm):
+        return
+    import torch
+
+    limit = optimizer.global_clipnorm
+
+    def clip_gradients(grads):
+        present = [grad for grad in grads if grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))
+        scale = torch.clamp(limit / norm, max=1.0) + (norm - norm)
+        clipped = iter(torch._foreach_mul(present, scale))
+        return [None if grad is None else next(clipped) for grad in grads]
+
+    optimizer._clip_gradients = clip_gradients

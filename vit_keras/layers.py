@@ -142,11 +142,7 @@ class PatchEmbedding(keras.layers.Layer):
 
     def call(self, images):
         self._check_channels(images.shape)
-        x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
-        if self.use_bias:
-            x = x + self.bias
-        _, grid_h, grid_w, _ = ops.shape(x)
-        return ops.reshape(x, (-1, grid_h * grid_w, self.hidden_size))
+        return kernels.patch_embedding(images, self)
 
     def _check_channels(self, shape) -> None:
         """Refuses images whose channels the kernel was not built for, in one line: Keras'

@@ -53,12 +53,8 @@ class StdConv(keras.layers.Conv2D):
         super().__init__(filters, kernel_size, strides=strides, **kwargs)
 
     def convolution_op(self, inputs, kernel):
-        # Standardised in float32: a bfloat16 mean and variance would lose the small filters.
-        kernel = ops.cast(kernel, "float32")
-        kernel = kernel - ops.mean(kernel, axis=(0, 1, 2), keepdims=True)
-        std = ops.sqrt(ops.mean(ops.square(kernel), axis=(0, 1, 2), keepdims=True))
-        kernel = kernel / (std + WEIGHT_STD_EPSILON)
-        return kernels.conv2d(inputs, ops.cast(kernel, inputs.dtype), self)
+        kernel = kernels.standardized_kernel(kernel, WEIGHT_STD_EPSILON, inputs.dtype)
+        return kernels.conv2d(inputs, kernel, self)
 
 
 @_register
@@ -99,10 +95,15 @@ class ResidualUnit(keras.layers.Layer):
             layer.build(shape)
 
     def call(self, x):
-        shortcut = x if self.conv_proj is None else self.gn_proj(self.conv_proj(x))
-        y = ops.relu(self.gn1(self.conv1(x)))
-        y = ops.relu(self.gn2(self.conv2(y)))
-        y = self.gn3(self.conv3(y))
+        # The sublayers' call, not their __call__: a Keras layer call costs an eager backend
+        # more than a small unit's arithmetic (as TransformerBlock's sublayers).
+        def normed(conv, norm, y):
+            return norm.call(conv.call(y))
+
+        shortcut = x if self.conv_proj is None else normed(self.conv_proj, self.gn_proj, x)
+        y = ops.relu(normed(self.conv1, self.gn1, x))
+        y = ops.relu(normed(self.conv2, self.gn2, y))
+        y = normed(self.conv3, self.gn3, y)
         return ops.relu(shortcut + y)
 
     def compute_output_shape(self, input_shape):

@@ -15,7 +15,7 @@ import time
 import keras
 from keras import ops
 
-from vit_keras import configs, distribute
+from vit_keras import configs, distribute, kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +173,12 @@ def make_optimizer(recipe: Recipe, model: keras.Model, total_steps: int,
         optimizer = classes["adamw"](weight_decay=recipe.weight_decay, beta_1=0.9,
                                      beta_2=recipe.beta_2, **common)
         optimizer.exclude_from_weight_decay(var_list=no_decay_variables(model))
-        return optimizer
-    if recipe.optimizer == "sgd":
-        return classes["sgd"](momentum=recipe.momentum, **common)
-    raise ValueError(f"unknown optimizer {recipe.optimizer!r}: expected 'adamw' or 'sgd'")
+    elif recipe.optimizer == "sgd":
+        optimizer = classes["sgd"](momentum=recipe.momentum, **common)
+    else:
+        raise ValueError(f"unknown optimizer {recipe.optimizer!r}: expected 'adamw' or 'sgd'")
+    kernels.clip_by_global_norm_fused(optimizer)
+    return optimizer
 
 
 def layer_rates(model: keras.Model, layer_decay: float | None = None,

@@ -304,15 +304,17 @@ def build_model(args, recipe, num_classes, distribution):
 
 
 def write_results(args, run_dir, model, names, num_classes, history, eval_batches, started,
-                  fit_started) -> dict:
+                  fit_seconds) -> dict:
     import keras
 
     import vit_keras as vk
 
     model_path = os.path.join(run_dir, "model.keras")
+    save_started = time.time()
     (vk.merge_lora(model) if args.lora_rank else model).save(model_path)
     result = {"epochs": len(history), "backend": keras.backend.backend(),
-              "fit_seconds": round(time.time() - fit_started, 1),
+              "fit_seconds": round(fit_seconds, 1),
+              "save_seconds": round(time.time() - save_started, 1),
               "model": model_path, "trainable_parameters": sum(
                   int(math.prod(weight.shape)) for weight in model.trainable_weights)}
     if eval_batches is not None:
@@ -371,7 +373,7 @@ def run_training(args) -> dict:
                              steps_per_execution=args.steps_per_execution,
                              keep_checkpoints=args.keep_checkpoints)
     return write_results(args, run_dir, model, names, num_classes, history, eval_batches,
-                         started, fit_started)
+                         started, time.time() - fit_started)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Not installed: run from the repository root (`python -m benchmarks.bench`).
 
 import json
 import os
+import subprocess
 
 # The tiny model of every --smoke run: checks that a benchmark runs, measures nothing.
 SMOKE_MODEL = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
@@ -28,3 +29,10 @@ def write_json(report, path: str | None) -> None:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as file:
             json.dump(report, file, indent=1)
+
+
+def revision(tree: str) -> str | None:
+    """`git describe --always --dirty` of the tree, or None outside a git checkout."""
+    done = subprocess.run(["git", "-C", tree, "describe", "--always", "--dirty"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None

@@ -19,7 +19,7 @@ import shutil
 import statistics
 import subprocess
 
-from benchmarks import write_json
+from benchmarks import revision, write_json
 from benchmarks.machine import describe_host
 
 RUN_FILES = ("history.csv", "history.json", "labels.txt", "model.keras", "result.json")
@@ -60,8 +60,10 @@ def record_try(name: str, run_dir: str, tries_dir: str, flags: list[str]) -> dic
 
 def seed_summary(result: dict, run_dir: str) -> dict:
     """A seed's accuracy and minutes, with the seconds its epochs took (the history's): what
-    fit_seconds holds beyond them is model.fit's time outside its epochs."""
-    return {**{k: result[k] for k in ("test_accuracy", "fit_seconds", "total_seconds")},
+    fit_seconds holds beyond them is model.fit's time outside its epochs; save_seconds, the
+    model's save after fit (runs before that field counted it in fit_seconds)."""
+    kept = ("test_accuracy", "fit_seconds", "save_seconds", "total_seconds")
+    return {**{k: result[k] for k in kept if k in result},
             "epochs_seconds": round(sum(epoch_seconds(run_dir)), 1)}
 
 
@@ -95,7 +97,7 @@ def main(argv=None) -> dict:
     run_dirs = {seed: os.path.join(args.out, f"seed{seed}") for seed in args.seeds}
     results = {str(seed): run_seed(seed, run_dir, flags) for seed, run_dir in run_dirs.items()}
     report = {"command": " ".join(["bash scripts/main.sh --seed N", *flags]),
-              "machine": describe_host(),
+              "revision": revision("."), "machine": describe_host(),
               "backend": results[str(args.seeds[0])]["backend"],
               "epochs": results[str(args.seeds[0])]["epochs"], **summarise(results),
               "seeds": {seed: seed_summary(r, run_dirs[int(seed)])

@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from apps.train import MAIN_JOB_MODEL
-from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL, write_json
+from benchmarks import JIT_COMPILE, SMOKE_IMAGE_SIZE, SMOKE_MODEL, revision, write_json
 from benchmarks.machine import describe_host
 from benchmarks.runners import MAIN_JOB_CONFIG
 
@@ -72,13 +72,6 @@ print(json.dumps(result))
 def order(round_: int) -> tuple[str, str]:
     """The trees' order in a round: before first in even rounds, after first in odd ones."""
     return TREES if round_ % 2 == 0 else TREES[::-1]
-
-
-def revision(tree: str) -> str | None:
-    """`git describe --always --dirty` of the tree, or None outside a git checkout."""
-    done = subprocess.run(["git", "-C", tree, "describe", "--always", "--dirty"],
-                          capture_output=True, text=True, check=False)
-    return done.stdout.strip() or None
 
 
 def run_child(tree: str, spec: dict) -> dict:

@@ -501,11 +501,12 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
             {"0": {"epoch_seconds": 260.5}, "1": {"epoch_seconds": 270.0}}))
         (run_dir / "result.json").write_text(json.dumps(
             {"epochs": 18, "backend": "jax", "test_accuracy": 0.9, "fit_seconds": 540.0,
-             "total_seconds": 560.0}))
+             "save_seconds": 0.2, "total_seconds": 560.0}))
         calls.append(command)
 
     calls = []
     monkeypatch.setattr(subprocess, "run", fake_main_sh)
+    monkeypatch.setattr(mainjob, "revision", lambda tree: f"abc1234 of {tree}")
     seed0 = tmp_path / "runs" / "seed0"
     seed0.mkdir(parents=True)
     for name in mainjob.RUN_FILES:
@@ -524,6 +525,9 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
     assert ({seed: r["epochs_seconds"] for seed, r in report["seeds"].items()}
             == {"0": 470.3, "1": 530.5})  # the histories' epochs, summed
+    # a run before save_seconds has none; the code the seeds ran is named
+    assert [r.get("save_seconds") for r in report["seeds"].values()] == [None, 0.2]
+    assert report["revision"] == "abc1234 of ."
     assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
     assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"
 

@@ -122,11 +122,12 @@ def mainjob_cpus_block() -> str:
     runs = [_json(os.path.join("mainjob", "seeds.json"))] + [
         _json(os.path.relpath(path, DOCS))
         for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", "cpus", "*", "seeds.json")))]
-    rows = [[machine_line(run["machine"]), run["backend"], str(run["epochs"]),
+    rows = [[machine_line(run["machine"]), run.get("revision") or "not recorded",
+             run["backend"], str(run["epochs"]),
              ", ".join(run["seeds"]), f"{run['mean_test_accuracy']:.2%}",
              f"{run['min_test_accuracy']:.2%} to {run['max_test_accuracy']:.2%}",
              f"{run['mean_fit_minutes']:.1f}", f"{run['max_fit_minutes']:.1f}"] for run in runs]
-    return table(["machine", "backend", "epochs", "seeds", "mean test accuracy",
+    return table(["machine", "code", "backend", "epochs", "seeds", "mean test accuracy",
                   "seeds' range", "model.fit minutes, mean", "model.fit minutes, most"], rows)
 
 
@@ -415,6 +416,7 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "dynamicsize": lambda: revisions_block("revisions-dynamic"),
           "mainjobresnetkernels": lambda: revisions_block("revisions-resnet-kernels"),
           "mainjobconv": lambda: revisions_block("revisions-conv"),
+          "mainjobdirect": lambda: revisions_block("revisions-direct"),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

@@ -167,13 +167,27 @@ def mainjob_avx2_block() -> str:
                              steps["the plain 7x7-pixel ViT, kernels capped at AVX2"],
                              steps["the plain 7x7-pixel ViT on the AVX2 CPU"],
                              MAIN_JOB_EPOCHS, FASHION_MNIST_TRAIN // int(large))
+    ratio = fit_to_steps_ratio(_json(os.path.join("mainjob", "seeds.json")),
+                               steps["the hybrid (the default)"])
     return (table(["model", "machine", f"ms per step of {small}", f"ms per step of {large}",
                    "fixed ms per step", "ms per image"], rows)
             + f"\n\nEstimate for the hybrid on the AVX2 CPU: {estimate['fixed_ms']:.1f} ms "
             f"fixed and {estimate['ms_per_image']:.3f} ms per image, "
             f"{estimate['ms_per_step']:.1f} ms per step of {estimate['batch']}, "
             f"{estimate['minutes']:.1f} minutes for {MAIN_JOB_EPOCHS} epochs of training steps "
-            "alone.")
+            f"alone. The seeds' model.fit (`docs/mainjob/seeds.json`) took {ratio:.2f} times "
+            f"their steps at the first row's rate; at that ratio, "
+            f"{estimate['minutes'] * ratio:.1f} minutes of model.fit on the AVX2 CPU.")
+
+
+def fit_to_steps_ratio(seeds: dict, steps: dict) -> float:
+    """The seeds' mean model.fit seconds over the seconds their steps take at step_cost's rate
+    (its larger batch): what model.fit adds to the steps (input pipeline, callbacks, the first
+    epoch's warm-up, the machine's drift between the two measurements)."""
+    batch = max(map(int, steps["ms_per_step"]))
+    step_seconds = steps["ms_per_step"][str(batch)] / 1000
+    run_steps = seeds["epochs"] * (FASHION_MNIST_TRAIN // batch)
+    return seeds["mean_fit_minutes"] * 60 / (run_steps * step_seconds)
 
 
 def mainjob_backends_block() -> str:

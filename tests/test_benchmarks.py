@@ -360,6 +360,17 @@ def test_avx2_estimate_scales_the_capped_step_by_the_plain_vits_real_to_capped_r
 
 
 @backend_independent
+def test_fit_to_steps_ratio_divides_the_seeds_fit_by_their_steps_at_the_measured_rate():
+    from benchmarks import render
+
+    # 2 epochs of 60,000 // 128 = 468 steps at 50 ms are 46.8 s; a mean model.fit of 0.936
+    # minutes (56.16 s) is 1.2 times that.
+    seeds = {"epochs": 2, "mean_fit_minutes": 0.936}
+    steps = {"ms_per_step": {"8": 10.0, "128": 50.0}}
+    assert render.fit_to_steps_ratio(seeds, steps) == pytest.approx(1.2)
+
+
+@backend_independent
 def test_hybrid_flop_count_adds_the_resnet_convolutions():
     import vit_keras as vk
     from benchmarks import runners

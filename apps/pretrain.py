@@ -86,15 +86,17 @@ def main(argv=None):
         jit_compile=train.JIT_COMPILE[args.jit_compile],
         steps_per_execution=args.steps_per_execution, keep_checkpoints=args.keep_checkpoints,
         compile=functools.partial(masked.compile_masked_patch_model, target=args.target))
-    fit_seconds = time.time() - fit_started  # model.fit's alone: the save is not training
+    fit_seconds = time.time() - fit_started  # model.fit's alone: the save is save_seconds
     path = os.path.join(run_dir, "backbone.keras")
+    save_started = time.time()
     backbone.save(path)
+    save_seconds = time.time() - save_started
     last = history[max(history)]
     result = {"objective": args.objective, "target": args.target,
               "corruption": args.corruption, "color_channels": args.color_channels,
               "epochs": len(history), "loss": round(last["loss"], 4),
               "accuracy": round(last["accuracy"], 4) if "accuracy" in last else None,
-              "fit_seconds": round(fit_seconds, 1),
+              "fit_seconds": round(fit_seconds, 1), "save_seconds": round(save_seconds, 1),
               "total_seconds": round(time.time() - started, 1), "backbone": path}
     with open(os.path.join(run_dir, "result.json"), "w") as file:
         json.dump(result, file, indent=1)

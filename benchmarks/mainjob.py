@@ -60,8 +60,8 @@ def record_try(name: str, run_dir: str, tries_dir: str, flags: list[str]) -> dic
 
 def seed_summary(result: dict, run_dir: str) -> dict:
     """A seed's accuracy and minutes, with the seconds its epochs took (the history's): what
-    fit_seconds holds beyond them is model.fit's time outside its epochs; save_seconds, the
-    model's save after fit (runs before that field counted it in fit_seconds)."""
+    fit_seconds holds beyond them is model.fit's time outside its epochs; save_seconds is the
+    model's save after fit, where the run records it."""
     kept = ("test_accuracy", "fit_seconds", "save_seconds", "total_seconds")
     return {**{k: result[k] for k in kept if k in result},
             "epochs_seconds": round(sum(epoch_seconds(run_dir)), 1)}
@@ -95,9 +95,10 @@ def main(argv=None) -> dict:
         parser.error("--validation-split is for --try runs: the seeds' runs are the final "
                      "ones, scored once on the test split")
     run_dirs = {seed: os.path.join(args.out, f"seed{seed}") for seed in args.seeds}
+    code = revision(".")  # the code the runs below start from
     results = {str(seed): run_seed(seed, run_dir, flags) for seed, run_dir in run_dirs.items()}
     report = {"command": " ".join(["bash scripts/main.sh --seed N", *flags]),
-              "revision": revision("."), "machine": describe_host(),
+              "revision": code, "machine": describe_host(),
               "backend": results[str(args.seeds[0])]["backend"],
               "epochs": results[str(args.seeds[0])]["epochs"], **summarise(results),
               "seeds": {seed: seed_summary(r, run_dirs[int(seed)])

@@ -183,7 +183,10 @@ def mainjob_avx2_block() -> str:
 def fit_to_steps_ratio(seeds: dict, steps: dict) -> float:
     """The seeds' mean model.fit seconds over the seconds their steps take at step_cost's rate
     (its larger batch): what model.fit adds to the steps (input pipeline, callbacks, the first
-    epoch's warm-up, the machine's drift between the two measurements)."""
+    epoch's warm-up, the machine's drift between the two measurements). Both from one machine."""
+    if machine_line(seeds["machine"]) != machine_line(steps["machine"]):
+        raise ValueError(f"the seeds ran on {machine_line(seeds['machine'])}, the steps were "
+                         f"timed on {machine_line(steps['machine'])}: expected one machine")
     batch = max(map(int, steps["ms_per_step"]))
     step_seconds = steps["ms_per_step"][str(batch)] / 1000
     run_steps = seeds["epochs"] * (FASHION_MNIST_TRAIN // batch)

@@ -365,9 +365,14 @@ def test_fit_to_steps_ratio_divides_the_seeds_fit_by_their_steps_at_the_measured
 
     # 2 epochs of 60,000 // 128 = 468 steps at 50 ms are 46.8 s; a mean model.fit of 0.936
     # minutes (56.16 s) is 1.2 times that.
-    seeds = {"epochs": 2, "mean_fit_minutes": 0.936}
-    steps = {"ms_per_step": {"8": 10.0, "128": 50.0}}
+    machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
+    seeds = {"epochs": 2, "mean_fit_minutes": 0.936, "machine": machine}
+    steps = {"ms_per_step": {"8": 10.0, "128": 50.0}, "machine": machine}
     assert render.fit_to_steps_ratio(seeds, steps) == pytest.approx(1.2)
+    other = {**steps, "machine": {**machine, "cpu": "Another CPU"}}
+    with pytest.raises(ValueError, match="the seeds ran on Some CPU, .* the steps were timed "
+                                         "on Another CPU, .*: expected one machine"):
+        render.fit_to_steps_ratio(seeds, other)
 
 
 @backend_independent

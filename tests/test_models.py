@@ -594,6 +594,23 @@ def test_patch_embedding_equals_keras_strided_convolution(size, use_bias):
         np.testing.assert_allclose(got_kernel, kernel_tensor.grad.numpy(), atol=1e-4)
 
 
+def test_hybrid_under_mixed_bfloat16_follows_float32():
+    # The patch embedding, StdConv's standardised kernel and the unit's sublayers compute in
+    # bfloat16 under the mixed policy: the same model's float32 logits are the reference.
+    config = {**TINY, "patch_size": 2, "resnet_layers": (1,), "resnet_width": 32}
+    x = images()
+    full = randomize(vk.vit(config, image_size=32, num_classes=3))
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        half = vk.vit(config, image_size=32, num_classes=3)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    half.set_weights(full.get_weights())
+    got = keras.ops.convert_to_numpy(keras.ops.cast(half(x), "float32"))
+    want = keras.ops.convert_to_numpy(full(x))
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("size", [(9, 12), (16, 16)])
 @pytest.mark.parametrize("kernel, strides", [(7, 2), (3, 1), (3, 2), (1, 1), (1, 2)])
 def test_resnet_convolution_equals_keras_conv_of_standardised_kernel(size, kernel, strides):
@@ -633,10 +650,11 @@ def test_resnet_convolution_equals_keras_conv_of_standardised_kernel(size, kerne
 
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "bfloat16"])
-def test_resnet_group_norm_under_half_precision_equals_keras_layer(policy):
+@pytest.mark.parametrize("channels", [64, 128])  # a channels-first copy; channels-last maps
+def test_resnet_group_norm_under_half_precision_equals_keras_layer(policy, channels):
     from vit_keras.resnet import GroupNorm
 
-    x = np.random.default_rng(1).normal(size=(2, 8, 8, 64)).astype("float32")
+    x = np.random.default_rng(1).normal(size=(2, 8, 8, channels)).astype("float32")
     ours = GroupNorm(32, epsilon=1e-6, beta_initializer="random_normal", dtype=policy)
     reference = keras.layers.GroupNormalization(32, epsilon=1e-6, dtype=policy)
     ours.build(x.shape)

@@ -53,7 +53,7 @@ def test_train_app_scores_the_last_training_images_and_never_reads_the_test_spli
 
     def slow_final_save(model, path, *rest, **options):  # the run's model.keras, after fit
         if str(path).endswith("model.keras"):
-            time.sleep(1.0)
+            time.sleep(3.0)
         return save(model, path, *rest, **options)
 
     monkeypatch.setattr(keras.Model, "save", slow_final_save)
@@ -71,8 +71,8 @@ def test_train_app_scores_the_last_training_images_and_never_reads_the_test_spli
     assert result["validation_accuracy"] == round(history["0"]["val_accuracy"], 4)
     assert 0 < history["0"]["epoch_seconds"] <= result["fit_seconds"] + 0.1
     # model.fit's seconds end where fit does: the save after it is counted on its own
-    assert result["save_seconds"] >= 1.0
-    assert result["fit_seconds"] < history["0"]["epoch_seconds"] + 1.0
+    assert result["save_seconds"] >= 3.0
+    assert result["fit_seconds"] < history["0"]["epoch_seconds"] + 3.0
 
 
 @backend_independent

@@ -22,11 +22,11 @@ flattened patches times the kernel as one matrix (the paper's linear projection)
 the channels-last images as they are.
 
 conv2d, group_norm and max_pool compute what the hybrids' Conv2D, GroupNormalization and
-MaxPooling2D layers return on channels-last maps (vit_keras.resnet), and standardized_kernel
-what StdConv convolves with. On PyTorch they are torch's own kernels on channels-first views:
-the maps stay channels-last in memory, where torch's CPU convolutions and pools run fastest;
-Keras' versions take several eager operations and copies each (docs/mainjob.md, the speed of
-the main job's ResNet).
+MaxPooling2D layers return on channels-last maps (vit_keras.resnet). On PyTorch they are
+torch's own kernels on channels-first views: the maps stay channels-last in memory, where
+torch's CPU convolutions and pools run fastest; Keras' versions take several eager operations
+and copies each (docs/mainjob.md, the speed of the main job's ResNet). standardized_kernel is
+what StdConv convolves with, in torch operations on PyTorch.
 
 clip_by_global_norm_fused gives an optimizer torch's multi-tensor norm and scale for its
 global-norm clipping on PyTorch, where Keras runs two operations per gradient.
@@ -157,7 +157,7 @@ def layer_norm(x, layer):
 
 
 # GroupNorm of groups of at least this many channels runs faster on channels-last memory than
-# on a channels-first copy; with one or two channels a group, slower (docs/mainjob.md).
+# on a channels-first copy; of fewer, slower (docs/mainjob.md).
 GROUP_NORM_CHANNELS_LAST_FROM = 4
 
 
@@ -267,14 +267,18 @@ def clip_by_global_norm_fused(optimizer) -> None:
     """On PyTorch, optimizer's global-norm clipping (global_clipnorm) by torch's multi-tensor
     norm and product: Keras sums each gradient's squares with operations of its own, two
     dispatches per variable. The scale is Keras': min(1, global_clipnorm / norm), NaN where
-    the norm is not finite. Other backends and other clipping keep Keras' own."""
-    if not (on_torch() and optimizer.global_clipnorm):
+    the norm is not finite. Read at every step; without global_clipnorm, or with Keras' other
+    clipping set, Keras' own clipping runs."""
+    if not on_torch():
         return
     import torch
 
-    limit = optimizer.global_clipnorm
+    keras_clip = type(optimizer)._clip_gradients
 
     def clip_gradients(grads):
+        limit = optimizer.global_clipnorm
+        if not limit or optimizer.clipnorm or optimizer.clipvalue:
+            return keras_clip(optimizer, grads)
         present = [grad for grad in grads if grad is not None]
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))
         scale = torch.clamp(limit / norm, max=1.0) + (norm - norm)

@@ -67,12 +67,14 @@ class ResidualUnit(keras.layers.Layer):
         super().__init__(**kwargs)
         self.features = features
         self.strides = strides
-        self.conv1 = StdConv(features, 1, name="conv1")
-        self.gn1 = group_norm("gn1")
-        self.conv2 = StdConv(features, 3, strides, name="conv2")
-        self.gn2 = group_norm("gn2")
-        self.conv3 = StdConv(4 * features, 1, name="conv3")
-        self.gn3 = group_norm("gn3", gamma_initializer="zeros")
+        # the unit's dtype policy: call() runs the sublayers' call, which casts nothing
+        policy = dict(dtype=self.dtype_policy)
+        self.conv1 = StdConv(features, 1, name="conv1", **policy)
+        self.gn1 = group_norm("gn1", **policy)
+        self.conv2 = StdConv(features, 3, strides, name="conv2", **policy)
+        self.gn2 = group_norm("gn2", **policy)
+        self.conv3 = StdConv(4 * features, 1, name="conv3", **policy)
+        self.gn3 = group_norm("gn3", gamma_initializer="zeros", **policy)
         self.conv_proj = self.gn_proj = None  # known at build: only if the shape changes
 
     def _output_shape(self, input_shape, channels):
@@ -86,8 +88,9 @@ class ResidualUnit(keras.layers.Layer):
         strided = self._output_shape(input_shape, self.features)
         output = self._output_shape(input_shape, 4 * self.features)
         if input_shape[-1] != 4 * self.features or self.strides != 1:
-            self.conv_proj = StdConv(4 * self.features, 1, self.strides, name="conv_proj")
-            self.gn_proj = group_norm("gn_proj")
+            self.conv_proj = StdConv(4 * self.features, 1, self.strides, name="conv_proj",
+                                     dtype=self.dtype_policy)
+            self.gn_proj = group_norm("gn_proj", dtype=self.dtype_policy)
             self.conv_proj.build(input_shape)
             self.gn_proj.build(output)
         for layer, shape in ((self.conv1, input_shape), (self.gn1, inner), (self.conv2, inner),

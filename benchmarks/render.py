@@ -193,6 +193,31 @@ def fit_to_steps_ratio(seeds: dict, steps: dict) -> float:
     return seeds["mean_fit_minutes"] * 60 / (run_steps * step_seconds)
 
 
+def step_trees_block(folder: str) -> str:
+    """benchmarks.step_cost of two source trees in turns (docs/FOLDER/before_N.json and
+    after_N.json, round N): each tree's medians over its rounds, and after against before."""
+    trees = {tree: [_json(os.path.relpath(path, DOCS)) for path in sorted(
+        glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))] for tree in ("before", "after")}
+    small, large = sorted(trees["after"][0]["ms_per_step"], key=int)
+
+    def median(reports, pick):
+        return statistics.median(pick(report) for report in reports)
+
+    rows = [[tree, str(len(reports)),
+             *(f"{median(reports, lambda r, b=b: r['ms_per_step'][b]):.1f}"
+               for b in (small, large)),
+             f"{median(reports, lambda r: r['fixed_ms_per_step']):.1f}",
+             f"{median(reports, lambda r: r['ms_per_image']):.3f}"]
+            for tree, reports in trees.items()]
+    ratios = [b["ms_per_step"][large] / a["ms_per_step"][large]
+              for b, a in zip(trees["before"], trees["after"], strict=True)]
+    return (table(["tree", "rounds", f"median ms per step of {small}",
+                   f"median ms per step of {large}", "fixed ms per step", "ms per image"], rows)
+            + f"\n\nA step of {large} images, before over after, round by round: "
+            + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
+            + f". {machines_sentence(trees['before'] + trees['after'])}")
+
+
 def mainjob_backends_block() -> str:
     """The main job on each backend (docs/mainjob/seeds.json, the default's, and
     docs/mainjob/backends/BACKEND/seeds.json), beside what a training step costs there
@@ -434,6 +459,8 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "mainjobresnetkernels": lambda: revisions_block("revisions-resnet-kernels"),
           "mainjobconv": lambda: revisions_block("revisions-conv"),
           "mainjobdirect": lambda: revisions_block("revisions-direct"),
+          "mainjobdirectsteps": lambda: step_trees_block(os.path.join("mainjob", "steps",
+                                                                      "direct")),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

@@ -376,6 +376,27 @@ def test_fit_to_steps_ratio_divides_the_seeds_fit_by_their_steps_at_the_measured
 
 
 @backend_independent
+def test_step_trees_block_takes_each_trees_median_and_the_ratio_round_by_round(tmp_path,
+                                                                               monkeypatch):
+    from benchmarks import render
+
+    machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
+    folder = tmp_path / "steps"
+    folder.mkdir()
+    for tree, steps in {"before": [80.0, 90.0, 70.0], "after": [40.0, 60.0, 50.0]}.items():
+        for round_, ms in enumerate(steps, 1):
+            (folder / f"{tree}_{round_}.json").write_text(json.dumps(
+                {"ms_per_step": {"8": ms / 4, "128": ms}, "fixed_ms_per_step": ms / 5,
+                 "ms_per_image": ms / 1000, "machine": machine, "backend": "torch"}))
+    monkeypatch.setattr(render, "DOCS", str(tmp_path))
+    block = render.step_trees_block("steps")
+    # medians: before 80 ms (20 at 8 images), after 50 ms (12.5); rounds 80/40, 90/60, 70/50
+    assert "| before | 3 | 20.0 | 80.0 | 16.0 | 0.080 |" in block
+    assert "| after | 3 | 12.5 | 50.0 | 10.0 | 0.050 |" in block
+    assert "before over after, round by round: 2.00x, 1.50x, 1.40x." in block
+
+
+@backend_independent
 def test_hybrid_flop_count_adds_the_resnet_convolutions():
     import vit_keras as vk
     from benchmarks import runners

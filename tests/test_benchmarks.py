@@ -360,19 +360,17 @@ def test_avx2_estimate_scales_the_capped_step_by_the_plain_vits_real_to_capped_r
 
 
 @backend_independent
-def test_fit_to_steps_ratio_divides_the_seeds_fit_by_their_steps_at_the_measured_rate():
+def test_fit_to_steps_ratio_divides_model_fit_by_its_steps_at_the_measured_rate():
     from benchmarks import render
 
-    # 2 epochs of 60,000 // 128 = 468 steps at 50 ms are 46.8 s; a mean model.fit of 0.936
-    # minutes (56.16 s) is 1.2 times that.
+    # 936 steps at the mean of 40 and 60 ms are 46.8 s; a model.fit of 56.16 s is 1.2 times it.
     machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
-    seeds = {"epochs": 2, "mean_fit_minutes": 0.936, "machine": machine}
-    steps = {"ms_per_step": {"8": 10.0, "128": 50.0}, "machine": machine}
-    assert render.fit_to_steps_ratio(seeds, steps) == pytest.approx(1.2)
-    other = {**steps, "machine": {**machine, "cpu": "Another CPU"}}
-    with pytest.raises(ValueError, match="the seeds ran on Some CPU, .* the steps were timed "
-                                         "on Another CPU, .*: expected one machine"):
-        render.fit_to_steps_ratio(seeds, other)
+    steps = [{"ms_per_step": {"8": 10.0, "128": ms}, "machine": machine} for ms in (40.0, 60.0)]
+    assert render.fit_to_steps_ratio(56.16, 936, steps, machine) == pytest.approx(1.2)
+    other = {**machine, "cpu": "Another CPU"}
+    with pytest.raises(ValueError, match="the run was on Another CPU, .* the steps were timed "
+                                         "on Some CPU, .*: expected one machine"):
+        render.fit_to_steps_ratio(56.16, 936, steps, other)
 
 
 @backend_independent

@@ -116,12 +116,24 @@ def mainjob_step_options_block() -> str:
             + f"\n\n{machines_sentence([report])}")
 
 
+def _seed_runs(folder: str) -> list[dict]:
+    """docs/mainjob/seeds.json, the default's latest seeds, then each
+    docs/mainjob/FOLDER/NAME/seeds.json."""
+    return [_json(os.path.join("mainjob", "seeds.json"))] + [
+        _json(os.path.relpath(path, DOCS))
+        for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", folder, "*", "seeds.json")))]
+
+
+def _batches(steps: dict) -> tuple[str, str]:
+    """A step_cost report's small and large batch, as its ms_per_step keys."""
+    small, large = sorted(steps["ms_per_step"], key=int)
+    return small, large
+
+
 def mainjob_cpus_block() -> str:
     """The default's seeds on each CPU they ran on: docs/mainjob/seeds.json, the latest, and
     the earlier CPUs' docs/mainjob/cpus/NAME/seeds.json."""
-    runs = [_json(os.path.join("mainjob", "seeds.json"))] + [
-        _json(os.path.relpath(path, DOCS))
-        for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", "cpus", "*", "seeds.json")))]
+    runs = _seed_runs("cpus")
     rows = [[machine_line(run["machine"]), run.get("revision") or "not recorded",
              run["backend"], str(run["epochs"]),
              ", ".join(run["seeds"]), f"{run['mean_test_accuracy']:.2%}",
@@ -148,7 +160,7 @@ def avx2_estimate(hybrid: dict, plain: dict, real: dict, epochs: int,
     batch, and the minutes of `epochs` epochs of such steps."""
     fixed = hybrid["fixed_ms_per_step"] * real["fixed_ms_per_step"] / plain["fixed_ms_per_step"]
     per_image = hybrid["ms_per_image"] * real["ms_per_image"] / plain["ms_per_image"]
-    batch = max(map(int, hybrid["ms_per_step"]))
+    batch = int(_batches(hybrid)[1])
     step = fixed + batch * per_image
     return {"fixed_ms": fixed, "ms_per_image": per_image, "batch": batch, "ms_per_step": step,
             "minutes": epochs * steps_per_epoch * step / 60_000}  # 60,000 ms a minute
@@ -159,7 +171,7 @@ def mainjob_avx2_block() -> str:
     the hybrid's step there estimated from them (avx2_estimate)."""
     steps = {label: _json(os.path.join("mainjob", "steps", name))
              for label, name in AVX2_STAND_IN.items()}
-    small, large = sorted(steps["the hybrid (the default)"]["ms_per_step"], key=int)
+    small, large = _batches(steps["the hybrid (the default)"])
     rows = [[label, machine_line(s["machine"]), f"{s['ms_per_step'][small]:.1f}",
              f"{s['ms_per_step'][large]:.1f}", f"{s['fixed_ms_per_step']:.1f}",
              f"{s['ms_per_image']:.3f}"] for label, s in steps.items()]
@@ -167,38 +179,41 @@ def mainjob_avx2_block() -> str:
                              steps["the plain 7x7-pixel ViT, kernels capped at AVX2"],
                              steps["the plain 7x7-pixel ViT on the AVX2 CPU"],
                              MAIN_JOB_EPOCHS, FASHION_MNIST_TRAIN // int(large))
-    seeds = _json(os.path.join("mainjob", "seeds.json"))
-    batch = int(large)
-    ratios = sorted([
-        fit_to_steps_ratio(seeds["mean_fit_minutes"] * 60, seeds["epochs"] * (
-            FASHION_MNIST_TRAIN // batch), [steps["the hybrid (the default)"]], seeds["machine"]),
-        bracketed_ratio(batch)])
-    low, high = (estimate["minutes"] * ratio for ratio in ratios)
+    seeds, bracketed = seeds_ratio(steps["the hybrid (the default)"]), bracketed_ratio()
+    low, high = (estimate["minutes"] * ratio for ratio in sorted([seeds, bracketed]))
     return (table(["model", "machine", f"ms per step of {small}", f"ms per step of {large}",
                    "fixed ms per step", "ms per image"], rows)
             + f"\n\nEstimate for the hybrid on the AVX2 CPU: {estimate['fixed_ms']:.1f} ms "
             f"fixed and {estimate['ms_per_image']:.3f} ms per image, "
             f"{estimate['ms_per_step']:.1f} ms per step of {estimate['batch']}, "
             f"{estimate['minutes']:.1f} minutes for {MAIN_JOB_EPOCHS} epochs of training steps "
-            f"alone. On the first row's machine, model.fit took {ratios[0]:.2f} to "
-            f"{ratios[1]:.2f} times its steps at the measured rate (the seeds' run, and "
-            f"`{RATIO_TRY}`, a validation run between two step measurements, whichever is "
-            f"which); at those ratios, {low:.1f} to "
+            f"alone. On the first row's machine, model.fit took {seeds:.2f} times its steps at "
+            f"the measured rate in the seeds' run and {bracketed:.2f} times in `{RATIO_TRY}`, a "
+            f"validation run between two step measurements; at those ratios, {low:.1f} to "
             f"{high:.1f} minutes of model.fit on the AVX2 CPU.")
 
 
 RATIO_TRY = "hybrid_e8_ratio"  # docs/mainjob/tries/, timed between steps/ratio/{before,after}
 
 
-def bracketed_ratio(batch: int) -> float:
+def seeds_ratio(steps: dict) -> float:
+    """fit_to_steps_ratio of the seeds' mean model.fit (docs/mainjob/seeds.json), against
+    the step cost of the report `steps`."""
+    seeds = _json(os.path.join("mainjob", "seeds.json"))
+    run_steps = seeds["epochs"] * (FASHION_MNIST_TRAIN // int(_batches(steps)[1]))
+    return fit_to_steps_ratio(seeds["mean_fit_minutes"] * 60, run_steps, [steps],
+                              seeds["machine"])
+
+
+def bracketed_ratio() -> float:
     """fit_to_steps_ratio of the validation run RATIO_TRY, against the mean of the step costs
     measured just before and just after it."""
     run = _json(os.path.join("mainjob", "tries", f"{RATIO_TRY}.json"))
     steps = [_json(os.path.join("mainjob", "steps", "ratio", f"{when}.json"))
              for when in ("before", "after")]
     trained = FASHION_MNIST_TRAIN - (run["data"]["validation_split"] or 0)
-    return fit_to_steps_ratio(run["fit_seconds"], len(run["epoch_seconds"]) * (
-        trained // batch), steps, run["machine"])
+    run_steps = len(run["epoch_seconds"]) * (trained // int(_batches(steps[0])[1]))
+    return fit_to_steps_ratio(run["fit_seconds"], run_steps, steps, run["machine"])
 
 
 def fit_to_steps_ratio(fit_seconds: float, run_steps: int, steps: list[dict],
@@ -211,8 +226,7 @@ def fit_to_steps_ratio(fit_seconds: float, run_steps: int, steps: list[dict],
         if machine_line(report["machine"]) != machine_line(machine):
             raise ValueError(f"the run was on {machine_line(machine)}, the steps were timed "
                              f"on {machine_line(report['machine'])}: expected one machine")
-    step_ms = statistics.mean(
-        report["ms_per_step"][str(max(map(int, report["ms_per_step"])))] for report in steps)
+    step_ms = statistics.mean(report["ms_per_step"][_batches(report)[1]] for report in steps)
     return fit_seconds / (run_steps * step_ms / 1000)
 
 
@@ -221,7 +235,7 @@ def step_trees_block(folder: str) -> str:
     after_N.json, round N): each tree's medians over its rounds, and after against before."""
     trees = {tree: [_json(os.path.relpath(path, DOCS)) for path in sorted(
         glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))] for tree in ("before", "after")}
-    small, large = sorted(trees["after"][0]["ms_per_step"], key=int)
+    small, large = _batches(trees["after"][0])
 
     def median(reports, pick):
         return statistics.median(pick(report) for report in reports)
@@ -245,13 +259,11 @@ def mainjob_backends_block() -> str:
     """The main job on each backend (docs/mainjob/seeds.json, the default's, and
     docs/mainjob/backends/BACKEND/seeds.json), beside what a training step costs there
     (docs/mainjob/steps/BACKEND.json, benchmarks.step_cost)."""
-    runs = [_json(os.path.join("mainjob", "seeds.json"))] + [
-        _json(os.path.relpath(path, DOCS))
-        for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", "backends", "*", "seeds.json")))]
+    runs = _seed_runs("backends")
     rows = []
     for run in runs:
         steps = _json(os.path.join("mainjob", "steps", f"{run['backend']}.json"))
-        small, large = sorted(steps["ms_per_step"], key=int)
+        small, large = _batches(steps)
         prefix = "" if run is runs[0] else f"KERAS_BACKEND={run['backend']} "
         rows.append([run["backend"], f"{run['mean_test_accuracy']:.2%}", str(len(run["seeds"])),
                      f"{run['mean_fit_minutes']:.1f}", f"{steps['ms_per_step'][small]:.1f}",

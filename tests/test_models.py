@@ -569,9 +569,10 @@ def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool
 @pytest.mark.parametrize("size", [(16, 16), (18, 13)])
 @pytest.mark.parametrize("use_bias", [True, False])
 def test_patch_embedding_equals_keras_strided_convolution(size, use_bias):
-    # PyTorch multiplies the flattened patches by the kernel (kernels.patch_embedding); Keras'
-    # "valid" convolution with the patch size as stride is the reference, forward and backward.
-    # 18x13 images leave rows and columns past the last whole 4x4 patch out.
+    # PyTorch multiplies the flattened patches by the kernel (kernels.patch_embedding), the
+    # others convolve. The reference values are each whole 4x4 patch's sum of pixel times kernel
+    # in NumPy (18x13 images leave rows and columns past the last whole patch out); the
+    # reference gradients, on PyTorch, those of Keras' "valid" convolution with stride 4.
     rng = np.random.default_rng(3)
     x = rng.normal(size=(2, *size, 3)).astype("float32")
     layer = vk.layers.PatchEmbedding(4, 8, use_bias=use_bias)
@@ -579,8 +580,9 @@ def test_patch_embedding_equals_keras_strided_convolution(size, use_bias):
     layer.set_weights([rng.normal(size=w.shape).astype("float32") for w in layer.weights])
     kernel = keras.ops.convert_to_numpy(layer.kernel)
     bias = keras.ops.convert_to_numpy(layer.bias) if use_bias else np.zeros(8, "float32")
-    reference = keras.ops.convert_to_numpy(ops.conv(x, kernel, strides=4, padding="valid"))
-    reference = reference.reshape(2, -1, 8) + bias
+    grid_h, grid_w = size[0] // 4, size[1] // 4
+    patches = x[:, :grid_h * 4, :grid_w * 4].reshape(2, grid_h, 4, grid_w, 4, 3)
+    reference = np.einsum("bipjqc,pqcd->bijd", patches, kernel).reshape(2, -1, 8) + bias
     np.testing.assert_allclose(keras.ops.convert_to_numpy(layer(x)), reference, atol=1e-4)
     if keras.backend.backend() == "torch":
         weights = torch.linspace(-1, 1, 8)

@@ -82,17 +82,19 @@ def test_a_cached_pipeline_resizes_once_and_draws_crops_anew(monkeypatch, crop, 
 
 
 @backend_independent
-def test_flip_mirrors_each_image_on_its_own_draw():
+@pytest.mark.parametrize("channels", [1, 3])
+def test_flip_mirrors_each_image_on_its_own_draw(channels):
     """Batch-level flipping: every image comes out as itself or its left-right mirror, under
-    its own label, and one batch holds both."""
+    its own label, and one batch holds both; grayscale images asked for in three channels
+    come out with the same image in each."""
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (64, 6, 6, 1), dtype=np.uint8)
     batches = data.make_pipeline(data.from_arrays(images, np.arange(64)), image_size=6,
                                  num_classes=64, batch_size=64, training=True, crop="none",
-                                 channels=1, seed=0)
+                                 channels=channels, seed=0)
     x, y = next(iter(batches))
     pixels = np.round((x.numpy() + 1.0) * 127.5).astype(np.uint8)
-    sources = images[y.numpy().argmax(axis=1)]
+    sources = np.repeat(images[y.numpy().argmax(axis=1)], channels, axis=-1)
     plain = np.all(pixels == sources, axis=(1, 2, 3))
     mirrored = np.all(pixels == sources[:, :, ::-1], axis=(1, 2, 3))
     assert np.all(plain | mirrored)

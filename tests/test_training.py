@@ -15,7 +15,7 @@ import pytest
 
 import vit_keras as vk
 from tests.conftest import TINY, backend_independent, images, randomize
-from vit_keras import data, training
+from vit_keras import data, kernels, training
 
 ROOT = Path(__file__).parents[1]
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
@@ -69,6 +69,63 @@ def test_gradients_clipped_to_the_recipes_global_norm(global_norm):
     for variable, start, grad in zip(variables, before, grads, strict=True):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), start - scale * grad,
                                    atol=1e-6, err_msg=variable.path)
+
+
+def adamw_reference(start, grads_per_step, rates, decayed, weight_decay, epsilon):
+    """Keras' AdamW (beta_1 0.9, beta_2 0.999) in NumPy float64: decoupled decay of the
+    decayed variables by the step's rate, then Adam with the bias corrections in the rate and
+    epsilon added to sqrt(v)."""
+    values = [v.astype("float64") for v in start]
+    m = [np.zeros_like(v) for v in values]
+    s = [np.zeros_like(v) for v in values]
+    for t, (grads, rate) in enumerate(zip(grads_per_step, rates, strict=True), start=1):
+        alpha = rate * math.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+        for i, grad in enumerate(grads):
+            if decayed[i]:
+                values[i] *= 1 - weight_decay * rate
+            m[i] = 0.9 * m[i] + 0.1 * grad
+            s[i] = 0.999 * s[i] + 0.001 * grad.astype("float64") ** 2
+            values[i] -= alpha * m[i] / (np.sqrt(s[i]) + epsilon)
+    return values
+
+
+def test_adamw_steps_equal_keras_formula():
+    # PyTorch updates with torch's fused Adam kernel (kernels.adam_update_fused), which adds
+    # epsilon elsewhere in the formula; the others with Keras' update. A large epsilon and
+    # gradients near it make its place show; the schedule's rate changes at every step.
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    recipe = training.Recipe("adamw", 1e-2, "linear", 0, weight_decay=0.3, clipnorm=None)
+    optimizer = training.make_optimizer(recipe, model, total_steps=4)
+    assert ("_parallel_update_step" in vars(optimizer)) == (keras.backend.backend() == "torch")
+    optimizer.epsilon = 1e-3  # read at each step
+    variables = model.trainable_variables
+    start = [keras.ops.convert_to_numpy(v).copy() for v in variables]
+    rng = np.random.default_rng(0)
+    steps = [[rng.normal(scale=1e-3, size=v.shape).astype("float32") for v in variables]
+             for _ in range(3)]
+    rates = [1e-2 * (1 - step / 4) for step in range(3)]  # the schedule's, step by step
+    for grads in steps:
+        optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    decayed = [v.path.endswith("kernel") for v in variables]
+    expected = adamw_reference(start, steps, rates, decayed, 0.3, 1e-3)
+    for variable, want in zip(variables, expected, strict=True):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), want, rtol=1e-5,
+                                   atol=1e-7, err_msg=variable.path)
+
+
+def test_amsgrad_keeps_keras_update():
+    # the fused kernel is not handed amsgrad's running maximum: Keras' own update runs
+    results = []
+    for fused in (True, False):
+        variable = keras.Variable(np.ones((3, 4), "float32"))
+        optimizer = keras.optimizers.Adam(learning_rate=0.1, amsgrad=True)
+        if fused:
+            kernels.adam_update_fused(optimizer)
+        for scale in (1.0, 0.1):  # a smaller second gradient: the maximum keeps the first's
+            optimizer.apply([keras.ops.full((3, 4), scale)], [variable])
+        results.append(keras.ops.convert_to_numpy(variable))
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+    assert not np.allclose(results[0], 1.0)
 
 
 def test_gradient_accumulation_equals_one_big_batch():

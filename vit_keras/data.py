@@ -300,17 +300,18 @@ def _needs_per_image_map(element: tf.TensorSpec, size, training, crop) -> bool:
 
 
 def _finish(size, num_classes, channels, training, flip, layers, seed=None):
-    """The per-batch map: channels, the random horizontal flip (each image its own draw),
-    one-hot labels, the augmentation layers on uint8-range floats, then [-1, 1]."""
+    """The per-batch map: the random horizontal flip (each image its own draw), channels,
+    one-hot labels, the augmentation layers on uint8-range floats, then [-1, 1]. The flip
+    comes before grayscale images are repeated to three channels: a third of the work."""
     to_unit_range = unit_range()
 
     def finish(images, labels):
-        if channels == 3 and images.shape[-1] == 1:
-            images = tf.repeat(images, 3, axis=-1)
-        images = tf.ensure_shape(images, (None, *size, channels))  # static for the layers
         if training and flip:
             mirrored = tf.random.uniform(tf.shape(images)[:1], seed=seed) < 0.5
             images = tf.where(mirrored[:, None, None, None], tf.reverse(images, [2]), images)
+        if channels == 3 and images.shape[-1] == 1:
+            images = tf.repeat(images, 3, axis=-1)
+        images = tf.ensure_shape(images, (None, *size, channels))  # static for the layers
         labels = tf.one_hot(labels, num_classes)
         images = tf.cast(images, tf.float32)
         for layer in layers:

@@ -29,7 +29,9 @@ and copies each (docs/mainjob.md, the speed of the main job's ResNet). standardi
 what StdConv convolves with, in torch operations on PyTorch.
 
 clip_by_global_norm_fused gives an optimizer torch's multi-tensor norm and scale for its
-global-norm clipping on PyTorch, where Keras runs two operations per gradient.
+global-norm clipping on PyTorch, where Keras runs two operations per gradient; adam_update_fused
+gives an Adam or AdamW optimizer torch's fused Adam kernel for its update, one call where Keras
+runs about ten multi-tensor operations, each a loop over the variables on a CPU.
 """
 
 from __future__ import annotations
@@ -286,3 +288,33 @@ def clip_by_global_norm_fused(optimizer) -> None:
         return [None if grad is None else next(clipped) for grad in grads]
 
     optimizer._clip_gradients = clip_gradients
+
+
+def adam_update_fused(optimizer) -> None:
+    """On PyTorch, a Keras Adam or AdamW optimizer's update of CPU float variables by torch's
+    fused Adam kernel. The formula is Keras': torch divides sqrt(v) by sqrt(1 - beta_2^t)
+    before adding epsilon, where Keras scales the rate by it instead, so the kernel gets
+    epsilon / sqrt(1 - beta_2^t). Weight decay, clipping and the step count stay Keras' (they
+    run around the update); amsgrad, variables on an accelerator (whose step count a host
+    number would have to wait for) or of mixed dtypes take Keras' update."""
+    keras_update = getattr(type(optimizer), "_parallel_update_step", None)
+    if not (on_torch() and keras_update and isinstance(optimizer, keras.optimizers.Adam)):
+        return
+    import torch
+
+    def update(grads, variables, learning_rate):
+        values = [variable.value for variable in variables]
+        if (optimizer.amsgrad or {value.device.type for value in values} != {"cpu"}
+                or len({value.dtype for value in values}) != 1):
+            return keras_update(optimizer, grads, variables, learning_rate)
+        slots = [optimizer._get_variable_index(variable) for variable in variables]
+        step = int(optimizer.iterations) + 1
+        torch._fused_adam_(
+            values, list(grads), [optimizer._momentums[i].value for i in slots],
+            [optimizer._velocities[i].value for i in slots], [],
+            [torch.tensor(float(step))] * len(values), lr=float(learning_rate),
+            beta1=optimizer.beta_1, beta2=optimizer.beta_2, weight_decay=0.0,
+            eps=optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step), amsgrad=False,
+            maximize=False)
+
+    optimizer._parallel_update_step = update

@@ -178,6 +178,7 @@ def make_optimizer(recipe: Recipe, model: keras.Model, total_steps: int,
     else:
         raise ValueError(f"unknown optimizer {recipe.optimizer!r}: expected 'adamw' or 'sgd'")
     kernels.clip_by_global_norm_fused(optimizer)
+    kernels.adam_update_fused(optimizer)
     return optimizer
 
 

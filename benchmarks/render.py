@@ -496,6 +496,8 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "mainjobdirect": lambda: revisions_block("revisions-direct"),
           "mainjobdirectsteps": lambda: step_trees_block(os.path.join("mainjob", "steps",
                                                                       "direct")),
+          "mainjobfusedsteps": lambda: step_trees_block(os.path.join("mainjob", "steps",
+                                                                     "fused")),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

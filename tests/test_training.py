@@ -89,14 +89,24 @@ def adamw_reference(start, grads_per_step, rates, decayed, weight_decay, epsilon
     return values
 
 
-def test_adamw_steps_equal_keras_formula():
+def test_adamw_steps_equal_keras_formula(monkeypatch):
     # PyTorch updates with torch's fused Adam kernel (kernels.adam_update_fused), which adds
     # epsilon elsewhere in the formula; the others with Keras' update. A large epsilon and
     # gradients near it make its place show; the schedule's rate changes at every step.
     model = vk.vit(TINY, image_size=32, num_classes=3)
     recipe = training.Recipe("adamw", 1e-2, "linear", 0, weight_decay=0.3, clipnorm=None)
     optimizer = training.make_optimizer(recipe, model, total_steps=4)
-    assert ("_parallel_update_step" in vars(optimizer)) == (keras.backend.backend() == "torch")
+    fused_calls = []
+    if keras.backend.backend() == "torch":
+        import torch
+
+        kernel = torch._fused_adam_
+
+        def counted(*args, **kwargs):
+            fused_calls.append(1)
+            return kernel(*args, **kwargs)
+
+        monkeypatch.setattr(torch, "_fused_adam_", counted)
     optimizer.epsilon = 1e-3  # read at each step
     variables = model.trainable_variables
     start = [keras.ops.convert_to_numpy(v).copy() for v in variables]
@@ -106,6 +116,7 @@ def test_adamw_steps_equal_keras_formula():
     rates = [1e-2 * (1 - step / 4) for step in range(3)]  # the schedule's, step by step
     for grads in steps:
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+    assert len(fused_calls) == (3 if keras.backend.backend() == "torch" else 0)
     decayed = [v.path.endswith("kernel") for v in variables]
     expected = adamw_reference(start, steps, rates, decayed, 0.3, 1e-3)
     for variable, want in zip(variables, expected, strict=True):
@@ -114,18 +125,39 @@ def test_adamw_steps_equal_keras_formula():
 
 
 def test_amsgrad_keeps_keras_update():
-    # the fused kernel is not handed amsgrad's running maximum: Keras' own update runs
-    results = []
-    for fused in (True, False):
+    # the fused kernel is not handed amsgrad's running maximum: Keras' own update runs. After
+    # a small second gradient v falls a tenth below its maximum (beta_2 0.9): amsgrad matters.
+    results = {}
+    for fused, amsgrad in [(True, True), (False, True), (False, False)]:
         variable = keras.Variable(np.ones((3, 4), "float32"))
-        optimizer = keras.optimizers.Adam(learning_rate=0.1, amsgrad=True)
+        optimizer = keras.optimizers.Adam(learning_rate=0.1, beta_2=0.9, amsgrad=amsgrad)
         if fused:
             kernels.adam_update_fused(optimizer)
-        for scale in (1.0, 0.1):  # a smaller second gradient: the maximum keeps the first's
+        for scale in (1.0, 0.01):
             optimizer.apply([keras.ops.full((3, 4), scale)], [variable])
+        results[fused, amsgrad] = keras.ops.convert_to_numpy(variable)
+    np.testing.assert_allclose(results[True, True], results[False, True], rtol=1e-6)
+    assert not np.allclose(results[False, True], results[False, False], rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["transposed variable", "float64 gradient"])
+def test_fused_adam_leaves_what_it_cannot_take_to_keras(case):
+    # the fused kernel pairs elements in memory order and wants one dtype: a variable laid
+    # out transposed (a NumPy view) or a gradient of another dtype takes Keras' update
+    start = np.arange(12, dtype="float32").reshape(4, 3) / 12
+    grad = np.linspace(-1, 1, 12).reshape(3, 4)
+    results = []
+    for fused in (True, False):
+        variable = keras.Variable(start.T)
+        optimizer = keras.optimizers.Adam(learning_rate=0.1)
+        if fused:
+            kernels.adam_update_fused(optimizer)
+        dtype = "float64" if case == "float64 gradient" else "float32"
+        for _ in range(2):
+            optimizer.apply([keras.ops.convert_to_tensor(grad, dtype)], [variable])
         results.append(keras.ops.convert_to_numpy(variable))
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
-    assert not np.allclose(results[0], 1.0)
+    assert not np.allclose(results[0], start.T)
 
 
 def test_gradient_accumulation_equals_one_big_batch():

@@ -291,12 +291,11 @@ def clip_by_global_norm_fused(optimizer) -> None:
 
 
 def adam_update_fused(optimizer) -> None:
-    """On PyTorch, a Keras Adam or AdamW optimizer's update of CPU float variables by torch's
-    fused Adam kernel. The formula is Keras': torch divides sqrt(v) by sqrt(1 - beta_2^t)
-    before adding epsilon, where Keras scales the rate by it instead, so the kernel gets
-    epsilon / sqrt(1 - beta_2^t). Weight decay, clipping and the step count stay Keras' (they
-    run around the update); amsgrad, variables on an accelerator (whose step count a host
-    number would have to wait for) or of mixed dtypes take Keras' update."""
+    """On PyTorch, a Keras Adam or AdamW optimizer's update of contiguous CPU variables of one
+    dtype by torch's fused Adam kernel, with Keras' formula: torch adds epsilon after dividing
+    sqrt(v) by sqrt(1 - beta_2^t), Keras before, so the kernel gets epsilon / sqrt(1 - beta_2^t).
+    Other variables, and amsgrad, take Keras' update (on an accelerator the step count would
+    have to be read back to the host); weight decay and clipping stay Keras'."""
     keras_update = getattr(type(optimizer), "_parallel_update_step", None)
     if not (on_torch() and keras_update and isinstance(optimizer, keras.optimizers.Adam)):
         return
@@ -305,12 +304,14 @@ def adam_update_fused(optimizer) -> None:
     def update(grads, variables, learning_rate):
         values = [variable.value for variable in variables]
         if (optimizer.amsgrad or {value.device.type for value in values} != {"cpu"}
-                or len({value.dtype for value in values}) != 1):
+                or len({value.dtype for value in values} | {g.dtype for g in grads}) != 1
+                or not all(value.is_contiguous() for value in values)):
             return keras_update(optimizer, grads, variables, learning_rate)
         slots = [optimizer._get_variable_index(variable) for variable in variables]
         step = int(optimizer.iterations) + 1
-        torch._fused_adam_(
-            values, list(grads), [optimizer._momentums[i].value for i in slots],
+        torch._fused_adam_(  # it walks the tensors' memory in order: grads laid out as values
+            values, [grad.contiguous() for grad in grads],
+            [optimizer._momentums[i].value for i in slots],
             [optimizer._velocities[i].value for i in slots], [],
             [torch.tensor(float(step))] * len(values), lr=float(learning_rate),
             beta1=optimizer.beta_1, beta2=optimizer.beta_2, weight_decay=0.0,

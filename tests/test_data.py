@@ -82,6 +82,20 @@ def test_a_cached_pipeline_resizes_once_and_draws_crops_anew(monkeypatch, crop, 
 
 
 @backend_independent
+@pytest.mark.parametrize("training", [True, False])
+def test_pipelines_run_without_the_autotune_thread(training):
+    # tf.data's autotuning thread holds up the deletion of the iterator that owns it for what
+    # is left of its optimization period, up to a minute once a run has gone on for a while
+    # (seen at the end of model.fit): the pipelines leave it out, and still give batches
+    rng = np.random.default_rng(0)
+    source = data.from_arrays(rng.integers(0, 256, (8, 6, 6, 1), dtype=np.uint8), np.arange(8))
+    batches = data.make_pipeline(source, image_size=6, num_classes=8, batch_size=4,
+                                 training=training, crop="none")
+    assert batches.options().autotune.enabled is False
+    assert next(iter(batches))[0].shape == (4, 6, 6, 3)
+
+
+@backend_independent
 @pytest.mark.parametrize("channels", [1, 3])
 def test_flip_mirrors_each_image_on_its_own_draw(channels):
     """Batch-level flipping: every image comes out as itself or its left-right mirror, under

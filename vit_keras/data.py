@@ -322,16 +322,13 @@ def _finish(size, num_classes, channels, training, flip, layers, seed=None):
     return finish
 
 
-def _without_autotune_model() -> tf.data.Options:
+def _without_autotune() -> tf.data.Options:
+    """Options without tf.data's autotuning thread, which sleeps out its optimization period
+    (up to a minute) before the iterator that owns it can be deleted: model.fit and evaluate
+    waited for it at their end. AUTOTUNE parallelism and buffers keep their starting values."""
     options = tf.data.Options()
     options.autotune.enabled = False
     return options
-
-
-# tf.data's autotuning thread sleeps out its optimization period (up to a minute) before the
-# iterator that owns it can be deleted: model.fit and evaluate waited for it at their end.
-# Without it, AUTOTUNE parallelism and buffers keep tf.data's starting values.
-WITHOUT_AUTOTUNE_MODEL = _without_autotune_model()
 
 
 def make_pipeline(
@@ -361,7 +358,7 @@ def make_pipeline(
     `channels` channels. drop_remainder defaults to training (static shapes for TPUs).
     cache=True keeps the images in memory after the first pass, resized where no random crop
     follows (data that fits in memory). The pipeline runs without tf.data's autotuning thread
-    (WITHOUT_AUTOTUNE_MODEL).
+    (_without_autotune).
     """
     if crop not in ("none", "inception") and not crop.startswith("pad"):
         raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
@@ -384,5 +381,5 @@ def make_pipeline(
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)
     finish = _finish(size, num_classes, channels, training, flip, layers, seed)
-    return dataset.map(finish, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE).with_options(
-        WITHOUT_AUTOTUNE_MODEL)
+    batches = dataset.map(finish, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    return batches.with_options(_without_autotune())

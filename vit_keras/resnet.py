@@ -68,13 +68,13 @@ class ResidualUnit(keras.layers.Layer):
         self.features = features
         self.strides = strides
         # the unit's dtype policy: call() runs the sublayers' call, which casts nothing
-        policy = dict(dtype=self.dtype_policy)
-        self.conv1 = StdConv(features, 1, name="conv1", **policy)
-        self.gn1 = group_norm("gn1", **policy)
-        self.conv2 = StdConv(features, 3, strides, name="conv2", **policy)
-        self.gn2 = group_norm("gn2", **policy)
-        self.conv3 = StdConv(4 * features, 1, name="conv3", **policy)
-        self.gn3 = group_norm("gn3", gamma_initializer="zeros", **policy)
+        policy = self.dtype_policy
+        self.conv1 = StdConv(features, 1, name="conv1", dtype=policy)
+        self.gn1 = group_norm("gn1", dtype=policy)
+        self.conv2 = StdConv(features, 3, strides, name="conv2", dtype=policy)
+        self.gn2 = group_norm("gn2", dtype=policy)
+        self.conv3 = StdConv(4 * features, 1, name="conv3", dtype=policy)
+        self.gn3 = group_norm("gn3", gamma_initializer="zeros", dtype=policy)
         self.conv_proj = self.gn_proj = None  # known at build: only if the shape changes
 
     def _output_shape(self, input_shape, channels):

@@ -162,6 +162,42 @@ def test_fused_adam_leaves_what_it_cannot_take_to_keras(case):
     assert not np.allclose(results[0], start)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
+def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypatch):
+    # jit_compile=True on PyTorch is torch.compile, with the main job's kinds of layers (a
+    # ResNet stem, sincos2d, global average pooling) and the recipe's AdamW and clipping on
+    # the CPU: the forward is one graph (no NumPy conversion breaks it), and two compiled steps
+    # leave the weights eager steps leave (the fused Adam update cannot be traced: Keras'
+    # runs there). AOT autograd without inductor's C++ build traces the same graph in seconds.
+    import torch
+
+    config = vk.ViTConfig(32, 1, 4, 64, 2, resnet_layers=(1,), resnet_width=32)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    y = np.eye(3)[rng.integers(0, 3, 4)].astype("float32")
+    recipe = training.Recipe("adamw", 1e-2, "cosine", 0, weight_decay=0.1, clipnorm=0.5)
+
+    def model():
+        return vk.vit(config, image_size=32, num_classes=3, classifier="gap", posemb="sincos2d")
+
+    start = randomize(model(), seed=3).get_weights()
+    explained = torch._dynamo.explain(model())(torch.as_tensor(x), training=True)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compile_with = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn: compile_with(fn, backend="aot_eager"))
+    results = []
+    for jit_compile in (True, False):
+        trained = model()
+        trained.set_weights(start)
+        training.compile_model(trained, recipe, total_steps=10, jit_compile=jit_compile)
+        for _ in range(2):
+            trained.train_on_batch(torch.as_tensor(x), torch.as_tensor(y))
+        results.append(trained.get_weights())
+    for compiled, eager in zip(*results, strict=True):
+        np.testing.assert_allclose(compiled, eager, atol=1e-5)
+    assert sum(not np.allclose(w, b) for w, b in zip(results[1], start, strict=True)) > 10
+
+
 def test_gradient_accumulation_equals_one_big_batch():
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (8, 32, 32, 3)).astype("float32")

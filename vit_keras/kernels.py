@@ -294,7 +294,8 @@ def adam_update_fused(optimizer) -> None:
     """On PyTorch, a Keras Adam or AdamW optimizer's update of contiguous CPU variables of one
     dtype by torch's fused Adam kernel, with Keras' formula: torch adds epsilon after dividing
     sqrt(v) by sqrt(1 - beta_2^t), Keras before, so the kernel gets epsilon / sqrt(1 - beta_2^t).
-    Other variables, and amsgrad, take Keras' update (on an accelerator the step count would
+    Other variables, amsgrad, and steps inside torch.compile (whose functionalization refuses
+    the kernel's in-place update) take Keras' update (on an accelerator the step count would
     have to be read back to the host); weight decay and clipping stay Keras'."""
     keras_update = getattr(type(optimizer), "_parallel_update_step", None)
     if not (on_torch() and keras_update and isinstance(optimizer, keras.optimizers.Adam)):
@@ -303,7 +304,8 @@ def adam_update_fused(optimizer) -> None:
 
     def update(grads, variables, learning_rate):
         values = [variable.value for variable in variables]
-        if (optimizer.amsgrad or {value.device.type for value in values} != {"cpu"}
+        if (optimizer.amsgrad or torch.compiler.is_compiling()
+                or {value.device.type for value in values} != {"cpu"}
                 or len({value.dtype for value in values} | {g.dtype for g in grads}) != 1
                 or not all(value.is_contiguous() for value in values)):
             return keras_update(optimizer, grads, variables, learning_rate)

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from vit_keras import kernels
 from vit_keras.configs import RESAMPLING_METHODS, as_pair
 
 POSITION_EMBEDDINGS: dict[str, PositionEmbedding] = {}
@@ -184,7 +185,10 @@ class SinCos2D(PositionEmbedding):
 
     def build(self, layer, width):
         prefix = np.zeros((layer.num_prefix_tokens, width), "float32")
-        layer.fixed_table = np.concatenate([prefix, sincos2d_table(layer.grid_size, width)])[None]
+        table = np.concatenate([prefix, sincos2d_table(layer.grid_size, width)])[None]
+        # PyTorch converts it once: torch.compile cannot trace a NumPy array's conversion,
+        # which TensorFlow and JAX fold into their graphs as a constant
+        layer.fixed_table = ops.convert_to_tensor(table) if kernels.on_torch() else table
 
     def table(self, layer, grid):
         if is_built_grid(layer, grid):

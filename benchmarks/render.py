@@ -40,8 +40,9 @@ def _reports(folder: str) -> list[dict]:
     return [_json(os.path.join(folder, name)) for name in _report_names(folder)]
 
 
-def mainjob_line() -> str:
-    report = _json("mainjob/seeds.json")
+def mainjob_line(folder: str = "mainjob") -> str:
+    """The seeds' run of docs/FOLDER/seeds.json in a sentence."""
+    report = _json(os.path.join(folder, "seeds.json"))
     return (f"**{report['mean_test_accuracy']:.2%} test accuracy** on the 10,000 Fashion-MNIST "
             f"test images, the mean of seeds {', '.join(report['seeds'])} "
             f"({report['min_test_accuracy']:.2%} to {report['max_test_accuracy']:.2%}), after "
@@ -92,9 +93,10 @@ def mainjob_validation_block() -> str:
             + f"\n\nMean validation accuracy, {means}. {machines_sentence(tries)}")
 
 
-def mainjob_fast_block() -> str:
-    """The tries behind the six-minute default (docs/mainjob/tries/fast_*), one row each."""
-    tries = _tries("fast_")
+def mainjob_tries_block(prefix: str) -> str:
+    """The main job's tries named PREFIX* (docs/mainjob/tries/), one row each: fast_* behind
+    the six-minute default, stretch_* behind the ten-minute recipe."""
+    tries = _tries(prefix)
     rows = [[t["backend"], vector_extension(t["machine"]), str(t["epochs"]),
              f"{t['validation_accuracy']:.2%}", f"{t['fit_seconds'] / 60:.1f}",
              f"{statistics.median(t['epoch_seconds']):.0f}",
@@ -104,6 +106,16 @@ def mainjob_fast_block() -> str:
                    "median seconds per epoch", "model.fit seconds outside its epochs",
                    "command"], rows)
             + f"\n\n{machines_sentence(tries)}")
+
+
+STRETCH = os.path.join("mainjob", "stretch")  # the ten-minute recipe's seeds, under docs/
+
+
+def mainjob_stretch_block() -> str:
+    report = _json(os.path.join(STRETCH, "seeds.json"))
+    flags = report["command"].removeprefix("bash scripts/main.sh --seed N ")
+    return (f"Measured with `python -m benchmarks.mainjob --out runs/mainjob_stretch --docs "
+            f"docs/{STRETCH} {flags}`: {mainjob_line(STRETCH)}.")
 
 
 def mainjob_step_options_block() -> str:
@@ -484,7 +496,9 @@ def bench_overhead_block(folder: str = os.path.join("bench", "overhead")) -> str
 
 BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": mainjob_block,
           "readmemainjob": readme_mainjob_block, "mainjobvalidation": mainjob_validation_block,
-          "mainjobfast": mainjob_fast_block,
+          "mainjobfast": lambda: mainjob_tries_block("fast_"),
+          "mainjobstretchtries": lambda: mainjob_tries_block("stretch_"),
+          "mainjobstretch": mainjob_stretch_block,
           "mainjobbackends": mainjob_backends_block, "mainjobcpus": mainjob_cpus_block,
           "mainjobavx2": mainjob_avx2_block, "mainjobsetup": setup_line,
           "mainjobstepoptions": mainjob_step_options_block,

@@ -23,6 +23,7 @@ from benchmarks import revision, write_json
 from benchmarks.machine import describe_host
 
 RUN_FILES = ("history.csv", "history.json", "labels.txt", "model.keras", "result.json")
+SEEDS_COMMAND = "bash scripts/main.sh --seed N"  # seeds.json's command, its flags after it
 
 
 def run_main_job(run_dir: str, flags: list[str]) -> dict:
@@ -97,7 +98,7 @@ def main(argv=None) -> dict:
     run_dirs = {seed: os.path.join(args.out, f"seed{seed}") for seed in args.seeds}
     code = revision(".")  # the code the runs below start from
     results = {str(seed): run_seed(seed, run_dir, flags) for seed, run_dir in run_dirs.items()}
-    report = {"command": " ".join(["bash scripts/main.sh --seed N", *flags]),
+    report = {"command": " ".join([SEEDS_COMMAND, *flags]),
               "revision": code, "machine": describe_host(),
               "backend": results[str(args.seeds[0])]["backend"],
               "epochs": results[str(args.seeds[0])]["epochs"], **summarise(results),

@@ -16,6 +16,7 @@ import sys
 
 from apps.train import MAIN_JOB_EPOCHS
 from apps.variants import pretrained_table, variant_table
+from benchmarks import mainjob
 from benchmarks.input_size import markdown as input_size_markdown
 from benchmarks.machine import machine_line, machines_sentence, vector_extension
 from benchmarks.tables import markdown, memory_markdown, overhead_markdown, table
@@ -108,14 +109,18 @@ def mainjob_tries_block(prefix: str) -> str:
             + f"\n\n{machines_sentence(tries)}")
 
 
-STRETCH = os.path.join("mainjob", "stretch")  # the ten-minute recipe's seeds, under docs/
+STRETCH_DOCS = os.path.join("mainjob", "stretch")  # the ten-minute recipe's seeds, under docs/
 
 
 def mainjob_stretch_block() -> str:
-    report = _json(os.path.join(STRETCH, "seeds.json"))
-    flags = report["command"].removeprefix("bash scripts/main.sh --seed N ")
-    return (f"Measured with `python -m benchmarks.mainjob --out runs/mainjob_stretch --docs "
-            f"docs/{STRETCH} {flags}`: {mainjob_line(STRETCH)}.")
+    """The stretch recipe's seeds (docs/mainjob/stretch/seeds.json) and the command that ran
+    them."""
+    report = _json(os.path.join(STRETCH_DOCS, "seeds.json"))
+    flags = report["command"].split(mainjob.SEEDS_COMMAND, 1)[1].strip()
+    seed_model = _json(os.path.join(STRETCH_DOCS, "result.json"))["model"]  # OUT/seedN/model.keras
+    out = os.path.dirname(os.path.dirname(seed_model))
+    return (f"Measured with `python -m benchmarks.mainjob --out {out} --docs "
+            f"docs/{STRETCH_DOCS} {flags}`: {mainjob_line(STRETCH_DOCS)}.")
 
 
 def mainjob_step_options_block() -> str:

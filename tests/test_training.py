@@ -168,8 +168,9 @@ def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypa
     # ResNet stem, sincos2d, global average pooling) and the recipe's AdamW and clipping on
     # the CPU: the forward is one graph (no NumPy conversion breaks it), and two compiled steps
     # leave the weights eager steps leave (the fused Adam update cannot be traced: Keras'
-    # runs there). AOT autograd without inductor's C++ build traces the same graph in seconds.
+    # runs there). AOT autograd (functionalization included) without inductor's C++ build.
     import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
 
     config = vk.ViTConfig(32, 1, 4, 64, 2, resnet_layers=(1,), resnet_width=32)
     rng = np.random.default_rng(0)
@@ -183,8 +184,8 @@ def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypa
     start = randomize(model(), seed=3).get_weights()
     explained = torch._dynamo.explain(model())(torch.as_tensor(x), training=True)
     assert explained.graph_break_count == 0, explained.break_reasons
-    compile_with = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn: compile_with(fn, backend="aot_eager"))
+    compile_with, compiled_frames = torch.compile, CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(torch, "compile", lambda fn: compile_with(fn, backend=compiled_frames))
     results = []
     for jit_compile in (True, False):
         trained = model()
@@ -193,6 +194,7 @@ def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypa
         for _ in range(2):
             trained.train_on_batch(torch.as_tensor(x), torch.as_tensor(y))
         results.append(trained.get_weights())
+        assert compiled_frames.frame_count > 0  # the first run's steps were compiled
     for compiled, eager in zip(*results, strict=True):
         np.testing.assert_allclose(compiled, eager, atol=1e-5)
     assert sum(not np.allclose(w, b) for w, b in zip(results[1], start, strict=True)) > 10

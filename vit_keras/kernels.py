@@ -201,6 +201,18 @@ def patch_embedding(images, layer):
     return tokens + layer.bias.value if layer.use_bias else tokens
 
 
+def constant(array):
+    """A fixed NumPy array a layer adds in its call, as that call should take it: on PyTorch a
+    CPU tensor made once (torch.compile cannot trace converting an array, and the call's
+    convert_to_tensor moves it to the device), elsewhere the array, which TensorFlow and JAX
+    fold into their graphs."""
+    if not on_torch():
+        return array
+    import torch
+
+    return torch.from_numpy(array)
+
+
 def same_padding(sides, sizes, strides) -> list[tuple[int, int]]:
     """TensorFlow's "same" padding of each spatial side: (before, after), the odd one after."""
     totals = (max((-(-side // stride) - 1) * stride + size - side, 0)
@@ -294,9 +306,9 @@ def adam_update_fused(optimizer) -> None:
     """On PyTorch, a Keras Adam or AdamW optimizer's update of contiguous CPU variables of one
     dtype by torch's fused Adam kernel, with Keras' formula: torch adds epsilon after dividing
     sqrt(v) by sqrt(1 - beta_2^t), Keras before, so the kernel gets epsilon / sqrt(1 - beta_2^t).
-    Other variables, amsgrad, and steps inside torch.compile (whose functionalization refuses
-    the kernel's in-place update) take Keras' update (on an accelerator the step count would
-    have to be read back to the host); weight decay and clipping stay Keras'."""
+    Variables elsewhere (on an accelerator the step count would have to be read back to the
+    host), amsgrad, and steps inside torch.compile (whose functionalization refuses the
+    kernel's in-place update) take Keras' update; weight decay and clipping stay Keras'."""
     keras_update = getattr(type(optimizer), "_parallel_update_step", None)
     if not (on_torch() and keras_update and isinstance(optimizer, keras.optimizers.Adam)):
         return

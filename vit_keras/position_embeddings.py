@@ -186,9 +186,7 @@ class SinCos2D(PositionEmbedding):
     def build(self, layer, width):
         prefix = np.zeros((layer.num_prefix_tokens, width), "float32")
         table = np.concatenate([prefix, sincos2d_table(layer.grid_size, width)])[None]
-        # PyTorch converts it once: torch.compile cannot trace a NumPy array's conversion,
-        # which TensorFlow and JAX fold into their graphs as a constant
-        layer.fixed_table = ops.convert_to_tensor(table) if kernels.on_torch() else table
+        layer.fixed_table = kernels.constant(table)
 
     def table(self, layer, grid):
         if is_built_grid(layer, grid):

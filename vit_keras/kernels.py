@@ -32,6 +32,9 @@ clip_by_global_norm_fused gives an optimizer torch's multi-tensor norm and scale
 global-norm clipping on PyTorch, where Keras runs two operations per gradient; adam_update_fused
 gives an Adam or AdamW optimizer torch's fused Adam kernel for its update, one call where Keras
 runs about ten multi-tensor operations, each a loop over the variables on a CPU.
+
+constant gives a layer's fixed NumPy table (sincos2d) as its call takes it: on PyTorch a tensor
+made once, since torch.compile cannot trace converting an array.
 """
 
 from __future__ import annotations

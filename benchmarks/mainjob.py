@@ -1,7 +1,8 @@
 """The main job over seeds: `bash scripts/main.sh --seed N` for each seed, one after another
 (each alone on the machine, so its minutes are its own), then the seeds' results, their mean
 and spread, and the machine in docs/mainjob/seeds.json, and the first seed's run files in
-docs/mainjob/. A seed whose run directory already holds a result is not run again.
+docs/mainjob/. A seed whose run directory holds a run finished with the same arguments on the
+same backend is not run again; one with other arguments or another backend is refused.
 
 One try of a recipe change, scored on a validation split carved from the training images so
 that the choice leaves the test split unread, goes to docs/mainjob/tries/NAME.json (the run's
@@ -19,20 +20,34 @@ import shutil
 import statistics
 import subprocess
 
-from benchmarks import revision, write_json
-from benchmarks.machine import describe_host
+# The backend scripts/main.sh trains on unless KERAS_BACKEND says otherwise: the arguments a
+# run records (apps.train's defaults) are read under the same one.
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import keras  # noqa: E402
+
+from apps import train  # noqa: E402
+from benchmarks import revision, write_json  # noqa: E402
+from benchmarks.machine import describe_host  # noqa: E402
 
 RUN_FILES = ("history.csv", "history.json", "labels.txt", "model.keras", "result.json")
 SEEDS_COMMAND = "bash scripts/main.sh --seed N"  # seeds.json's command, its flags after it
 
 
 def run_main_job(run_dir: str, flags: list[str]) -> dict:
-    """The result.json of run_dir (which flags name), from an earlier run or a new one."""
-    path = os.path.join(run_dir, "result.json")
-    if not os.path.exists(path):
+    """The result.json of the run that flags describe (their --run-dir is run_dir): an earlier
+    run's where it finished with these arguments on this backend, else a new run's. An earlier
+    run with other arguments (apps.train.finished_result) or on another backend is refused, so
+    that no report mixes two runs."""
+    result = train.finished_result(flags)
+    if result is None:
         subprocess.run(["bash", "scripts/main.sh", *flags], check=True)
-    with open(path) as file:
-        return json.load(file)
+        result = train.finished_result(flags)
+    if result["backend"] != keras.backend.backend():
+        raise FileExistsError(f"run folder {run_dir!r} holds a run finished on "
+                              f"{result['backend']}, not on {keras.backend.backend()}: move it "
+                              "or pass another --out")
+    return result
 
 
 def run_seed(seed: int, run_dir: str, flags: list[str]) -> dict:

@@ -18,8 +18,9 @@ for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend"
   backend_started=$SECONDS
   # pytest exits 5 when it collects no test: that is a failure here too.
-  # Two worker processes, one a core: most tests wait on Python and tracing rather than on
-  # both cores, so this about halves the suite's time.
+  # Two worker processes, one a core (tests/conftest.py caps each one's math threads at its
+  # share): most tests wait on Python and tracing rather than on both cores, so this about
+  # halves the suite's time.
   # A test module stays on one worker (--dist loadscope), so its module fixtures run once;
   # each page of the docs is a test class of its own, so the pages spread (tests/test_docs.py).
   KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 \

@@ -1,9 +1,18 @@
 import os
 import re
+from pathlib import Path
 
 # Tests run one backend per process; .ci/run runs the suite once per backend.
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Under pytest-xdist each worker gets its share of the cores (one each on the 2-core CI with
+# -n 2), its child processes included: PyTorch's OpenMP threads, spinning on a core the other
+# worker holds, train a small model up to ten times slower; TensorFlow's pool about twice.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    _share = str(max(1, (os.cpu_count() or 1) // _workers))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", _share)
 
 # torch (and timm, which loads torch._dynamo) must be imported before TensorFlow, or the
 # process segfaults; Keras' TensorFlow backend imports TensorFlow.
@@ -98,3 +107,14 @@ def _fresh_keras_state():
     yield
     keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()
+
+
+def claim_run(flags: list[str]) -> Path:
+    """The run folder apps.train makes for flags (its arguments.json), as scripts/main.sh's
+    run would; returns the folder."""
+    from apps import train
+
+    args = train.build_parser().parse_args(flags)
+    train.fill_defaults(args)
+    train.claim_run_dir(args, train.run_dir_of(args))
+    return Path(train.run_dir_of(args))

@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from benchmarks import SMOKE_MODEL
-from tests.conftest import backend_independent
+from tests.conftest import backend_independent, claim_run
 
 ROOT = Path(__file__).parents[1]
 
@@ -520,42 +520,42 @@ def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
     assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2
 
 
+def finish_run(flags: list[str], what: str, result: dict, history: dict) -> None:
+    """A finished main-job run of flags: its run files (each holding `what`), result and
+    history."""
+    from benchmarks import mainjob
+
+    run_dir = claim_run(flags)
+    for name in mainjob.RUN_FILES:
+        (run_dir / name).write_text(what)
+    (run_dir / "history.json").write_text(json.dumps(history))
+    (run_dir / "result.json").write_text(json.dumps(
+        {"epochs": 18, "backend": keras.backend.backend(), **result}))
+
+
 @backend_independent
 def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch):
-    import json
-    import subprocess
-
     from benchmarks import mainjob
 
     def fake_main_sh(command, check):
-        run_dir = Path(command[command.index("--run-dir") + 1])
-        run_dir.mkdir(parents=True)
-        for name in mainjob.RUN_FILES:
-            (run_dir / name).write_text("seed 1's")
-        (run_dir / "history.json").write_text(json.dumps(
-            {"0": {"epoch_seconds": 260.5}, "1": {"epoch_seconds": 270.0}}))
-        (run_dir / "result.json").write_text(json.dumps(
-            {"epochs": 18, "backend": "jax", "test_accuracy": 0.9, "fit_seconds": 540.0,
-             "save_seconds": 0.2, "total_seconds": 560.0}))
+        finish_run(command[2:], "seed 1's", {"test_accuracy": 0.9, "fit_seconds": 540.0,
+                                             "save_seconds": 0.2, "total_seconds": 560.0},
+                   {"0": {"epoch_seconds": 260.5}, "1": {"epoch_seconds": 270.0}})
         calls.append(command)
 
     calls = []
     monkeypatch.setattr(subprocess, "run", fake_main_sh)
     monkeypatch.setattr(mainjob, "revision", lambda tree: f"abc1234 of {tree}")
-    seed0 = tmp_path / "runs" / "seed0"
-    seed0.mkdir(parents=True)
-    for name in mainjob.RUN_FILES:
-        (seed0 / name).write_text("seed 0's")
-    (seed0 / "history.json").write_text(json.dumps({"0": {"epoch_seconds": 470.3}}))
-    (seed0 / "result.json").write_text(json.dumps(
-        {"epochs": 18, "backend": "jax", "test_accuracy": 0.92, "fit_seconds": 480.0,
-         "total_seconds": 500.0}))
-    report = mainjob.main(["--seeds", "0", "1", "--out", str(tmp_path / "runs"), "--docs",
+    runs = tmp_path / "runs"
+    finish_run(["--seed", "0", "--run-dir", str(runs / "seed0"), "--epochs", "18"], "seed 0's",
+               {"test_accuracy": 0.92, "fit_seconds": 480.0, "total_seconds": 500.0},
+               {"0": {"epoch_seconds": 470.3}})
+    report = mainjob.main(["--seeds", "0", "1", "--out", str(runs), "--docs",
                            str(tmp_path / "docs"), "--epochs", "18"])
     assert calls == [["bash", "scripts/main.sh", "--seed", "1", "--run-dir",
-                      str(tmp_path / "runs" / "seed1"), "--epochs", "18"]]
+                      str(runs / "seed1"), "--epochs", "18"]]
     assert report["command"] == "bash scripts/main.sh --seed N --epochs 18"
-    assert report["backend"] == "jax"  # the runs', as their result.json says
+    assert report["backend"] == keras.backend.backend()  # the runs', as result.json says
     assert (report["mean_test_accuracy"], report["min_test_accuracy"]) == (0.91, 0.9)
     assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
     assert ({seed: r["epochs_seconds"] for seed, r in report["seeds"].items()}
@@ -565,6 +565,29 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert report["revision"] == "abc1234 of ."
     assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
     assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"
+
+
+@backend_independent
+def test_mainjob_refuses_a_seed_run_of_other_arguments_or_another_backend(tmp_path,
+                                                                          monkeypatch):
+    from benchmarks import mainjob
+
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
+    monkeypatch.setattr(mainjob, "revision", lambda tree: "abc1234")
+    calls = []
+    runs = tmp_path / "runs"
+    finish_run(["--seed", "0", "--run-dir", str(runs / "seed0"), "--epochs", "18"], "seed 0's",
+               {"test_accuracy": 0.92, "fit_seconds": 480.0, "total_seconds": 500.0},
+               {"0": {"epoch_seconds": 470.3}})
+    with pytest.raises(FileExistsError, match=r"other arguments \(--epochs 18, now 16\)"):
+        mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "16"])
+    result = runs / "seed0" / "result.json"
+    other = "jax" if keras.backend.backend() != "jax" else "torch"
+    result.write_text(json.dumps({**json.loads(result.read_text()), "backend": other}))
+    with pytest.raises(FileExistsError, match=f"finished on {other}, not on "
+                                              f"{keras.backend.backend()}"):
+        mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "18"])
+    assert calls == []  # neither was run again, nor reported
 
 
 def smoke_forward_flops() -> float:

@@ -6,8 +6,8 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Under pytest-xdist each worker gets its share of the cores (one each on the 2-core CI with
-# -n 2), its child processes included: PyTorch's OpenMP threads, spinning on a core the other
-# worker holds, train a small model up to ten times slower; TensorFlow's pool about twice.
+# -n 2), its child processes included: math threads spinning on a core the other worker holds
+# (PyTorch's OpenMP threads most of all) slow a small model's training many times over.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
     _share = str(max(1, (os.cpu_count() or 1) // _workers))

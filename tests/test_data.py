@@ -115,6 +115,24 @@ def test_flip_mirrors_each_image_on_its_own_draw(channels):
     assert 10 < mirrored.sum() < 54, mirrored.sum()
 
 
+@backend_independent
+def test_a_seeded_pipeline_flips_the_same_images_every_time():
+    """Two pipelines of one seed give the same batches, epoch after epoch: the flips are drawn
+    in batch order (a parallel map would let its calls take turns at the random generator)."""
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (32, 4, 4, 1), dtype=np.uint8)
+
+    def epochs():
+        batches = data.make_pipeline(data.from_arrays(images, np.arange(32)), image_size=4,
+                                     num_classes=32, batch_size=2, training=True, crop="none",
+                                     channels=1, seed=0)
+        return np.stack([x.numpy() for x, _ in batches.repeat(40)])
+
+    first, second = epochs(), epochs()
+    assert first.shape == (640, 2, 4, 4, 1)
+    np.testing.assert_array_equal(first, second)
+
+
 CLASS_VALUES = np.array([0, 80, 160, 240])  # one flat grey level per class
 
 

@@ -276,8 +276,8 @@ def _resize(image, size):
 
 
 def _prepare(size, training, crop, seed=None):
-    """The per-image map: the training crop, then the resize to size (uint8 kept); seed makes
-    the crops repeatable."""
+    """The per-image map: the training crop, then the resize to size (uint8 kept); seed seeds
+    the crops' generator (the parallel map's calls draw from it in no fixed order)."""
 
     def prepare(image, label):
         if image.shape.rank == 2:
@@ -381,5 +381,7 @@ def make_pipeline(
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)
     finish = _finish(size, num_classes, channels, training, flip, layers, seed)
-    batches = dataset.map(finish, num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    # In batch order, without parallel calls: the flips and augmentation layers draw from one
+    # seeded generator, which parallel calls would take turns at in no fixed order.
+    batches = dataset.map(finish).prefetch(AUTOTUNE)
     return batches.with_options(_without_autotune())

@@ -135,12 +135,16 @@ def mainjob_step_options_block() -> str:
             + f"\n\n{machines_sentence([report])}")
 
 
-def _seed_runs(folder: str) -> list[dict]:
-    """docs/mainjob/seeds.json, the default's latest seeds, then each
-    docs/mainjob/FOLDER/NAME/seeds.json."""
-    return [_json(os.path.join("mainjob", "seeds.json"))] + [
-        _json(os.path.relpath(path, DOCS))
+def _seed_run_paths(folder: str) -> list[str]:
+    """mainjob/seeds.json, the default's latest seeds, then each mainjob/FOLDER/NAME/seeds.json,
+    relative to docs/."""
+    return [os.path.join("mainjob", "seeds.json")] + [
+        os.path.relpath(path, DOCS)
         for path in sorted(glob.glob(os.path.join(DOCS, "mainjob", folder, "*", "seeds.json")))]
+
+
+def _seed_runs(folder: str) -> list[dict]:
+    return [_json(path) for path in _seed_run_paths(folder)]
 
 
 def _batches(steps: dict) -> tuple[str, str]:
@@ -149,17 +153,32 @@ def _batches(steps: dict) -> tuple[str, str]:
     return small, large
 
 
+def _step_beside(path: str) -> str:
+    """ms per step of 128 of the step measured beside a run of the seeds (benchmarks.step_cost
+    in the same session), the machine's speed that day; "not measured" without the file."""
+    if not os.path.exists(os.path.join(DOCS, path)):
+        return "not measured"
+    steps = _json(path)
+    return f"{steps['ms_per_step'][_batches(steps)[1]]:.1f}"
+
+
 def mainjob_cpus_block() -> str:
-    """The default's seeds on each CPU they ran on: docs/mainjob/seeds.json, the latest, and
-    the earlier CPUs' docs/mainjob/cpus/NAME/seeds.json."""
-    runs = _seed_runs("cpus")
+    """The default's seeds on each CPU they ran on: docs/mainjob/seeds.json, the latest (the
+    step beside it: docs/mainjob/steps/torch.json), and the earlier ones'
+    docs/mainjob/cpus/NAME/seeds.json (the step beside: NAME/step_cost.json)."""
+    paths = _seed_run_paths("cpus")
+    runs = [_json(path) for path in paths]
+    steps = [os.path.join("mainjob", "steps", "torch.json")] + [
+        os.path.join(os.path.dirname(path), "step_cost.json") for path in paths[1:]]
     rows = [[machine_line(run["machine"]), run.get("revision") or "not recorded",
              run["backend"], str(run["epochs"]),
              ", ".join(run["seeds"]), f"{run['mean_test_accuracy']:.2%}",
              f"{run['min_test_accuracy']:.2%} to {run['max_test_accuracy']:.2%}",
-             f"{run['mean_fit_minutes']:.1f}", f"{run['max_fit_minutes']:.1f}"] for run in runs]
+             f"{run['mean_fit_minutes']:.1f}", f"{run['max_fit_minutes']:.1f}",
+             _step_beside(path)] for run, path in zip(runs, steps, strict=True)]
     return table(["machine", "code", "backend", "epochs", "seeds", "mean test accuracy",
-                  "seeds' range", "model.fit minutes, mean", "model.fit minutes, most"], rows)
+                  "seeds' range", "model.fit minutes, mean", "model.fit minutes, most",
+                  "ms per step of 128 beside"], rows)
 
 
 FASHION_MNIST_TRAIN = 60_000  # training images

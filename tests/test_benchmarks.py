@@ -395,6 +395,37 @@ def test_step_trees_block_takes_each_trees_median_and_the_ratio_round_by_round(t
 
 
 @backend_independent
+def test_cpus_block_shows_the_step_measured_beside_each_run_where_there_is_one(tmp_path,
+                                                                             monkeypatch):
+    from benchmarks import render
+
+    machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
+
+    def seeds(accuracy):
+        return json.dumps({"machine": machine, "revision": "abc1234", "backend": "torch",
+                           "epochs": 8, "seeds": {"0": {}, "1": {}},
+                           "mean_test_accuracy": accuracy, "min_test_accuracy": accuracy,
+                           "max_test_accuracy": accuracy, "mean_fit_minutes": 4.0,
+                           "max_fit_minutes": 4.5})
+
+    def steps(ms):
+        return json.dumps({"ms_per_step": {"8": 10.0, "128": ms}})
+
+    for folder, content in {"mainjob": seeds(0.91), "mainjob/steps": None,
+                            "mainjob/cpus/a-old": seeds(0.905),
+                            "mainjob/cpus/b-measured": seeds(0.915)}.items():
+        (tmp_path / folder).mkdir(parents=True)
+        if content:
+            (tmp_path / folder / "seeds.json").write_text(content)
+    (tmp_path / "mainjob/steps/torch.json").write_text(steps(95.24))
+    (tmp_path / "mainjob/cpus/b-measured/step_cost.json").write_text(steps(58.48))
+    monkeypatch.setattr(render, "DOCS", str(tmp_path))
+    rows = [row for row in render.mainjob_cpus_block().splitlines() if "abc1234" in row]
+    assert [(row.split(" | ")[5], row.split(" | ")[-1]) for row in rows] == [
+        ("91.00%", "95.2 |"), ("90.50%", "not measured |"), ("91.50%", "58.5 |")]
+
+
+@backend_independent
 def test_hybrid_flop_count_adds_the_resnet_convolutions():
     import vit_keras as vk
     from benchmarks import runners

@@ -116,20 +116,22 @@ def test_flip_mirrors_each_image_on_its_own_draw(channels):
 
 
 @backend_independent
-def test_a_seeded_pipeline_flips_the_same_images_every_time():
+@pytest.mark.parametrize("crop", ["none", "pad2", "inception"])
+def test_a_seeded_pipeline_crops_and_flips_the_same_images_every_time(crop):
     """Two pipelines of one seed give the same batches, epoch after epoch: the flips are drawn
-    in batch order (a parallel map would let its calls take turns at the random generator)."""
+    in batch order, each image's crop from a seed of its own (parallel calls at one seeded
+    generator would take turns at it in no fixed order)."""
     rng = np.random.default_rng(4)
-    images = rng.integers(0, 256, (32, 4, 4, 1), dtype=np.uint8)
+    images = rng.integers(0, 256, (32, 8, 8, 1), dtype=np.uint8)
 
     def epochs():
-        batches = data.make_pipeline(data.from_arrays(images, np.arange(32)), image_size=4,
-                                     num_classes=32, batch_size=2, training=True, crop="none",
+        batches = data.make_pipeline(data.from_arrays(images, np.arange(32)), image_size=8,
+                                     num_classes=32, batch_size=2, training=True, crop=crop,
                                      channels=1, seed=0)
         return np.stack([x.numpy() for x, _ in batches.repeat(40)])
 
     first, second = epochs(), epochs()
-    assert first.shape == (640, 2, 4, 4, 1)
+    assert first.shape == (640, 2, 8, 8, 1)
     np.testing.assert_array_equal(first, second)
 
 

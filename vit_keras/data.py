@@ -256,40 +256,50 @@ def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
 # ---------------------------------------------------------------- preprocessing
 
 
-def inception_crop(image, area_range=(0.05, 1.0), seed=None):
-    """vit_jax's training crop: a random box covering area_range of the image."""
-    begin, size, _ = tf.image.sample_distorted_bounding_box(
-        tf.shape(image), tf.zeros([0, 0, 4], tf.float32), area_range=area_range,
-        min_object_covered=0, use_image_if_no_bounding_boxes=True, seed=seed)
+def inception_crop(image, seed, area_range=(0.05, 1.0)):
+    """vit_jax's training crop: a random box covering area_range of the image, drawn by the
+    stateless op from seed (two integers)."""
+    begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image), tf.zeros([0, 0, 4], tf.float32), seed, area_range=area_range,
+        min_object_covered=0, use_image_if_no_bounding_boxes=True)
     return tf.slice(image, begin, size)
 
 
-def pad_crop(image, padding: int, seed=None):
-    """Random translation by up to `padding` pixels (small-image augmentation)."""
+def pad_crop(image, padding: int, seed):
+    """Random translation by up to `padding` pixels (small-image augmentation), drawn by the
+    stateless op from seed (two integers)."""
     shape = tf.shape(image)
     padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
-    return tf.image.random_crop(padded, shape, seed=seed)
+    return tf.image.stateless_random_crop(padded, shape, seed)
 
 
 def _resize(image, size):
     return tf.cast(tf.clip_by_value(tf.round(tf.image.resize(image, size)), 0, 255), tf.uint8)
 
 
-def _prepare(size, training, crop, seed=None):
-    """The per-image map: the training crop, then the resize to size (uint8 kept); seed seeds
-    the crops' generator (the parallel map's calls draw from it in no fixed order)."""
+def _prepare(size, crop):
+    """The per-image map: the crop ("none" for none), then the resize to size (uint8 kept).
+    A crop takes its image's own seed (two integers), so that the map's parallel calls draw
+    the same crops in any order."""
 
-    def prepare(image, label):
+    def prepare(image, label, crop_seed=None):
         if image.shape.rank == 2:
             image = image[..., None]
         channels = image.shape[-1]  # static where the source's is; a crop loses it
-        if training and crop == "inception":
-            image = inception_crop(image, seed=seed)
-        elif training and crop.startswith("pad"):
-            image = pad_crop(image, int(crop[3:] or 4), seed)
+        if crop == "inception":
+            image = inception_crop(image, crop_seed)
+        elif crop.startswith("pad"):
+            image = pad_crop(image, int(crop[3:] or 4), crop_seed)
         return tf.ensure_shape(_resize(image, size), (*size, channels)), label
 
     return prepare
+
+
+def _with_crop_seeds(dataset: tf.data.Dataset, seed) -> tf.data.Dataset:
+    """(image, label) -> (image, label, seed): a seed of two integers per element, from a
+    random sequence seeded by seed and drawn anew on every pass, in the elements' order."""
+    seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+    return tf.data.Dataset.zip(dataset, seeds).map(lambda pair, crop_seed: (*pair, crop_seed))
 
 
 def _needs_per_image_map(element: tf.TensorSpec, size, training, crop) -> bool:
@@ -371,13 +381,14 @@ def make_pipeline(
     per_image = _needs_per_image_map(dataset.element_spec[0], size, training, crop)
     random_crop = training and crop != "none"
     if per_image and not random_crop:  # the same every pass: before the cache, which keeps it
-        dataset = dataset.map(_prepare(size, training, crop, seed), num_parallel_calls=AUTOTUNE)
+        dataset = dataset.map(_prepare(size, "none"), num_parallel_calls=AUTOTUNE)
     if cache:
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if per_image and random_crop:
-        dataset = dataset.map(_prepare(size, training, crop, seed), num_parallel_calls=AUTOTUNE)
+        dataset = _with_crop_seeds(dataset, seed).map(_prepare(size, crop),
+                                                      num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)
     finish = _finish(size, num_classes, channels, training, flip, layers, seed)

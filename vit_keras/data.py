@@ -278,9 +278,9 @@ def _resize(image, size):
 
 
 def _prepare(size, crop):
-    """The per-image map: the crop ("none" for none), then the resize to size (uint8 kept).
-    A crop takes its image's own seed (two integers), so that the map's parallel calls draw
-    the same crops in any order."""
+    """The per-image map: the crop ("inception", "padN" or "none"), then the resize to size
+    (uint8 kept). A crop takes its image's own seed (two integers), so that the map's parallel
+    calls draw the same crops in any order."""
 
     def prepare(image, label, crop_seed=None):
         if image.shape.rank == 2:

@@ -162,16 +162,9 @@ def test_fused_adam_leaves_what_it_cannot_take_to_keras(case):
     assert not np.allclose(results[0], start)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
-def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypatch):
-    # jit_compile=True on PyTorch is torch.compile, with the main job's kinds of layers (a
-    # ResNet stem, sincos2d, global average pooling) and the recipe's AdamW and clipping on
-    # the CPU: the forward is one graph (no NumPy conversion breaks it), and two compiled steps
-    # leave the weights eager steps leave (the fused Adam update cannot be traced: Keras'
-    # runs there). AOT autograd (functionalization included) without inductor's C++ build.
-    import torch
-    from torch._dynamo.testing import CompileCounterWithBackend
-
+def compile_case():
+    """The main job's kinds of layers (a ResNet stem, sincos2d, global average pooling) in a
+    tiny hybrid, a batch, and the recipe's AdamW and clipping."""
     config = vk.ViTConfig(32, 1, 4, 64, 2, resnet_layers=(1,), resnet_width=32)
     rng = np.random.default_rng(0)
     x = rng.uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
@@ -181,9 +174,30 @@ def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypa
     def model():
         return vk.vit(config, image_size=32, num_classes=3, classifier="gap", posemb="sincos2d")
 
-    start = randomize(model(), seed=3).get_weights()
+    return model, x, y, recipe
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
+def test_torch_compile_traces_the_hybrids_forward_as_one_graph():
+    # jit_compile=True on PyTorch is torch.compile: no NumPy conversion (the sincos2d table)
+    # or other untraceable call breaks the forward into frames.
+    import torch
+
+    model, x, _, _ = compile_case()
     explained = torch._dynamo.explain(model())(torch.as_tensor(x), training=True)
     assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
+def test_torch_compiled_steps_train_the_hybrid_like_eager(monkeypatch):
+    # Two compiled steps on the CPU leave the weights eager steps leave (the fused Adam update
+    # cannot be traced: Keras' runs there). AOT autograd (functionalization included) without
+    # inductor's C++ build.
+    import torch
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model, x, y, recipe = compile_case()
+    start = randomize(model(), seed=3).get_weights()
     compile_with, compiled_frames = torch.compile, CompileCounterWithBackend("aot_eager")
     monkeypatch.setattr(torch, "compile", lambda fn: compile_with(fn, backend=compiled_frames))
     results = []
@@ -191,6 +205,11 @@ def test_torch_compile_traces_the_hybrid_whole_and_trains_it_like_eager(monkeypa
         trained = model()
         trained.set_weights(start)
         training.compile_model(trained, recipe, total_steps=10, jit_compile=jit_compile)
+        # As after any step: the optimizer built and every weight's gradient present, so that
+        # torch.compile traces Keras' train step once (its zero_grad branches on the gradients)
+        trained.optimizer.build(trained.trainable_variables)
+        for variable in trained.trainable_variables:
+            variable.value.grad = torch.zeros_like(variable.value)
         for _ in range(2):
             trained.train_on_batch(torch.as_tensor(x), torch.as_tensor(y))
         results.append(trained.get_weights())

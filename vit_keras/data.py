@@ -296,10 +296,10 @@ def _prepare(size, crop):
 
 
 def _with_crop_seeds(dataset: tf.data.Dataset, seed) -> tf.data.Dataset:
-    """(image, label) -> (image, label, seed): a seed of two integers per element, from a
+    """(image, label) -> ((image, label), seed): a seed of two integers per element, from a
     random sequence seeded by seed and drawn anew on every pass, in the elements' order."""
     seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
-    return tf.data.Dataset.zip(dataset, seeds).map(lambda pair, crop_seed: (*pair, crop_seed))
+    return tf.data.Dataset.zip(dataset, seeds)
 
 
 def _needs_per_image_map(element: tf.TensorSpec, size, training, crop) -> bool:
@@ -387,8 +387,9 @@ def make_pipeline(
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     if per_image and random_crop:
-        dataset = _with_crop_seeds(dataset, seed).map(_prepare(size, crop),
-                                                      num_parallel_calls=AUTOTUNE)
+        prepare = _prepare(size, crop)
+        dataset = _with_crop_seeds(dataset, seed).map(
+            lambda pair, crop_seed: prepare(*pair, crop_seed), num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)
     finish = _finish(size, num_classes, channels, training, flip, layers, seed)

@@ -13,6 +13,13 @@ if _workers > 1:
     _share = str(max(1, (os.cpu_count() or 1) // _workers))
     os.environ.setdefault("OMP_NUM_THREADS", _share)
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", _share)
+    # JAX sizes XLA's CPU thread pool by the cores the process may run on and reads no
+    # variable (jax-ml/jax#1539): in its pass each worker is pinned to cores of its own.
+    if os.environ["KERAS_BACKEND"] == "jax":
+        _cores = sorted(os.sched_getaffinity(0))
+        _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+        _first = _worker * int(_share) % len(_cores)
+        os.sched_setaffinity(0, _cores[_first:_first + int(_share)])
 
 # torch (and timm, which loads torch._dynamo) must be imported before TensorFlow, or the
 # process segfaults; Keras' TensorFlow backend imports TensorFlow.

@@ -10,16 +10,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (PyTorch's OpenMP threads most of all) slow a small model's training many times over.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
-    _share = str(max(1, (os.cpu_count() or 1) // _workers))
-    os.environ.setdefault("OMP_NUM_THREADS", _share)
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", _share)
+    _pinnable = hasattr(os, "sched_setaffinity")  # Linux
+    _cores = sorted(os.sched_getaffinity(0)) if _pinnable else list(range(os.cpu_count() or 1))
+    _share = max(1, len(_cores) // _workers)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(_share))
     # JAX sizes XLA's CPU thread pool by the cores the process may run on and reads no
     # variable (jax-ml/jax#1539): in its pass each worker is pinned to cores of its own.
-    if os.environ["KERAS_BACKEND"] == "jax":
-        _cores = sorted(os.sched_getaffinity(0))
+    if os.environ["KERAS_BACKEND"] == "jax" and _pinnable:
         _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-        _first = _worker * int(_share) % len(_cores)
-        os.sched_setaffinity(0, _cores[_first:_first + int(_share)])
+        _first = _worker * _share % len(_cores)
+        os.sched_setaffinity(0, _cores[_first:_first + _share])
 
 # torch (and timm, which loads torch._dynamo) must be imported before TensorFlow, or the
 # process segfaults; Keras' TensorFlow backend imports TensorFlow.

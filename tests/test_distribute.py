@@ -21,9 +21,9 @@ BACKEND = keras.backend.backend()
 
 
 def own_core(index):
-    """Pins the calling process to one core of the suite's, the index-th in turn: the workers
-    of one distributed run train side by side, as on machines of their own, whatever cores the
-    test's own worker is pinned to (tests/conftest.py)."""
+    """A child's preexec_fn pinning it to the index-th of the suite's cores, in turn: the
+    workers of one distributed run train side by side, as on machines of their own, whatever
+    cores the test's own pytest worker is pinned to (tests/conftest.py)."""
     return lambda: os.sched_setaffinity(0, {CORES[index % len(CORES)]})
 
 

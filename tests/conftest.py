@@ -9,19 +9,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # -n 2), its child processes included: math threads spinning on a core the other worker holds
 # (PyTorch's OpenMP threads most of all) slow a small model's training many times over.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-PINNABLE = hasattr(os, "sched_setaffinity")  # Linux
-# The cores the suite may run on, before any worker is pinned to its share.
-CORES = sorted(os.sched_getaffinity(0)) if PINNABLE else list(range(os.cpu_count() or 1))
 if _workers > 1:
-    _share = max(1, len(CORES) // _workers)
-    os.environ.setdefault("OMP_NUM_THREADS", str(_share))
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(_share))
-    # JAX sizes XLA's CPU thread pool by the cores the process may run on and reads no
-    # variable (jax-ml/jax#1539): in its pass each worker is pinned to cores of its own.
-    if os.environ["KERAS_BACKEND"] == "jax" and PINNABLE:
-        _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
-        _first = _worker * _share % len(CORES)
-        os.sched_setaffinity(0, CORES[_first:_first + _share])
+    _cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # Linux
+              else os.cpu_count() or 1)
+    _share = str(max(1, _cores // _workers))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", _share)
 
 # torch (and timm, which loads torch._dynamo) must be imported before TensorFlow, or the
 # process segfaults; Keras' TensorFlow backend imports TensorFlow.

@@ -13,18 +13,10 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import CORES, PINNABLE
 from vit_keras import distribute
 
 ROOT = Path(__file__).parents[1]
 BACKEND = keras.backend.backend()
-
-
-def own_core(index):
-    """A child's preexec_fn pinning it to the index-th of the suite's cores, in turn: the
-    workers of one distributed run train side by side, as on machines of their own, whatever
-    cores the test's own pytest worker is pinned to (tests/conftest.py)."""
-    return lambda: os.sched_setaffinity(0, {CORES[index % len(CORES)]})
 
 
 def run_workers(mode, outs, tf_configs=None, timeout=240, jax_coordinator=None):
@@ -39,8 +31,7 @@ def run_workers(mode, outs, tf_configs=None, timeout=240, jax_coordinator=None):
                            JAX_NUM_PROCESSES=str(len(outs)), JAX_PROCESS_ID=str(i))
             processes.append(subprocess.Popen(
                 [sys.executable, "-m", "tests.distributed_worker", mode, str(out)], cwd=ROOT,
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                preexec_fn=own_core(i) if len(outs) > 1 and PINNABLE else None))
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         results = [p.communicate(timeout=timeout) for p in processes]
     finally:
         for p in processes:

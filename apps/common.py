@@ -7,6 +7,7 @@ import the library inside the functions that use it, once their arguments are pa
 import argparse
 import dataclasses
 import os
+import pathlib
 import sys
 import textwrap
 import traceback
@@ -146,6 +147,26 @@ def _whole_number(text: str, minimum: int, expected: str) -> int:
     if value < minimum:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def image_paths(inputs) -> list[str]:
+    """The image files named, and those under each folder named, in order; a name that is
+    neither gets one clear error."""
+    from vit_keras import data
+
+    paths = []
+    for item in inputs:
+        item = pathlib.Path(item)
+        if item.is_dir():
+            paths += sorted(str(p) for p in item.rglob("*") if p.suffix.lower()
+                            in data.IMAGE_SUFFIXES)
+        elif item.exists():
+            paths.append(str(item))
+        else:
+            raise FileNotFoundError(f"no such image file or folder: {str(item)!r}")
+    if not paths:
+        raise ValueError("no image files given")
+    return paths
 
 
 def load_model(path: str):

@@ -30,6 +30,9 @@ def main(argv=None):
         model.quantize(args.quantize)
     dataset, names = data.load_source(args.dataset, args.split, args.folder, args.data_dir)
     num_classes = model.outputs[0].shape[-1]
+    if names and len(names) != num_classes:
+        raise ValueError(f"{args.folder or args.dataset!r} has {len(names)} classes "
+                         f"({', '.join(names)}), but the model predicts {num_classes}")
     names = names or [str(i) for i in range(num_classes)]
     batches = data.make_pipeline(dataset, image_size=intermediates.built_image_size(model),
                                  num_classes=num_classes, batch_size=args.batch_size,

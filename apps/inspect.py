@@ -11,7 +11,7 @@ import os
 import matplotlib
 import numpy as np
 
-from .common import add_data_arguments, app_parser, load_model, positive_int, run
+from .common import add_data_arguments, app_parser, image_paths, load_model, positive_int, run
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -97,13 +97,14 @@ def output_folder(args) -> str:
     return out
 
 
-def input_pixels(args, model):
-    """(images to draw, images for the attention distance), uint8 at the model's size."""
+def input_pixels(args, model, files):
+    """(images to draw, images for the attention distance), uint8 at the model's size: the
+    image files given, else images of the dataset."""
     from vit_keras import data, intermediates
 
     size, channels = intermediates.built_image_size(model), model.input.shape[-1]
-    if args.images:
-        pixels = data.load_image_files(args.images, size, channels)
+    if files:
+        pixels = data.load_image_files(files, size, channels)
         return pixels, pixels
     dataset, _ = data.load_source(args.dataset, "test", args.folder, args.data_dir)
     pixels = data.sample_images(dataset, size, channels, max(args.count, args.distance_images))
@@ -112,11 +113,12 @@ def input_pixels(args, model):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    files = image_paths(args.images) if args.images else None  # checked before the model loads
     from vit_keras import analysis
     from vit_keras.preprocessing import preprocess
 
     model = load_model(args.model)
-    shown, measured = input_pixels(args, model)
+    shown, measured = input_pixels(args, model, files)
     out = output_folder(args)
     maps = analysis.attention_rollout(model, preprocess(shown))
     distances = analysis.mean_attention_distance(model, preprocess(measured))

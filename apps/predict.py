@@ -8,27 +8,8 @@ hold one name per class of the model.
 """
 
 import os
-import pathlib
 
-from .common import app_parser, positive_int, run
-
-
-def image_paths(inputs) -> list[str]:
-    from vit_keras import data
-
-    paths = []
-    for item in inputs:
-        item = pathlib.Path(item)
-        if item.is_dir():
-            paths += sorted(str(p) for p in item.rglob("*") if p.suffix.lower()
-                            in data.IMAGE_SUFFIXES)
-        elif item.exists():
-            paths.append(str(item))
-        else:
-            raise FileNotFoundError(f"no such image file or folder: {str(item)!r}")
-    if not paths:
-        raise ValueError("no image files given")
-    return paths
+from .common import app_parser, image_paths, positive_int, run
 
 
 def read_labels(path: str, count: int, given: bool) -> list[str]:

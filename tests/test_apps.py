@@ -166,6 +166,23 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
         assert png.format == "PNG" and png.size[0] >= 300
 
 
+def test_evaluate_refuses_a_folder_of_another_class_count(tmp_path):
+    from apps import evaluate
+
+    _, path = saved_tiny_model(tmp_path, num_classes=3)
+    images = write_images(tmp_path / "images", 1, 32, seed=2)  # cat and dog
+    with pytest.raises(ValueError, match=r"'.*images' has 2 classes \(cat, dog\), but the "
+                                         "model predicts 3"):
+        evaluate.main([path, "--folder", str(images)])
+
+
+def test_inspect_names_a_missing_image_before_loading_the_model(tmp_path):
+    from apps import inspect
+
+    with pytest.raises(FileNotFoundError, match=r"no such image file or folder: '.*gone\.png'"):
+        inspect.main([str(tmp_path / "no_model.keras"), str(tmp_path / "gone.png")])
+
+
 def test_inspect_writes_valid_pngs(tmp_path):
     import json
 

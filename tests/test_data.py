@@ -239,6 +239,13 @@ def test_fashion_mnist_from_idx_files_and_a_clear_error(tmp_path, monkeypatch):
 
 
 @backend_independent
+def test_a_data_dir_that_does_not_exist_is_refused_not_passed_over():
+    """A mistyped --data-dir must not fall back to Debian's copy in silence."""
+    with pytest.raises(FileNotFoundError, match=r"data_dir '/no/such/folder': no such folder"):
+        data.load_fashion_mnist("test", data_dir="/no/such/folder")
+
+
+@backend_independent
 def test_fashion_mnist_loads_without_tfds_variant_folder_warning(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(data, "FASHION_MNIST_DIRS", ())
     write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", np.zeros((2, 28, 28), np.uint8))

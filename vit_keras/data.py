@@ -226,6 +226,8 @@ def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
     else from the original IDX files (data_dir, then Debian's dataset-fashion-mnist)."""
     if split not in _IDX_FILES:
         raise ValueError(f"Fashion-MNIST split must be 'train' or 'test', got {split!r}")
+    if data_dir and not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"data_dir {data_dir!r}: no such folder")
     try:
         import tensorflow_datasets as tfds
 

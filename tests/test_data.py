@@ -34,6 +34,18 @@ def test_tfds_mock_data_feeds_fit():
 
 
 @backend_independent
+def test_a_mistyped_tfds_name_gets_one_line_with_the_closest_name():
+    with pytest.raises(ValueError, match=r"^dataset 'fashion-mnist': not a TensorFlow Datasets "
+                                         r"name \(did you mean 'fashion_mnist'\?\)$"):
+        data.load_source("fashion-mnist")
+    with pytest.raises(ValueError, match=r"^dataset 'fashionmnist/3\.0\.1': .*'fashion_mnist'"):
+        data.from_tfds("fashionmnist/3.0.1", "train")
+    with tfds.testing.mock_data(num_examples=4):  # a config or version after the name is fine
+        _, names = data.from_tfds("fashion_mnist:3.*.*", "train")
+    assert len(names) == 10
+
+
+@backend_independent
 def test_numpy_source_and_preprocessing_range_and_shape():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (12, 20, 24, 1), dtype=np.uint8)

@@ -6,6 +6,7 @@ smoothing need)."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import gzip
 import logging
 import os
@@ -59,11 +60,23 @@ def _quiet_tfds():
         logger.removeFilter(quiet)
 
 
+def _check_tfds_name(tfds, name: str) -> None:
+    """A name tfds does not know gets one line, with the closest known name, instead of tfds'
+    own error (a format description or the list of every dataset)."""
+    base = name.split(":")[0].split("/")[0]
+    known = tfds.list_builders(with_community_datasets=False)
+    if base not in known:
+        close = difflib.get_close_matches(base.replace("-", "_"), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"dataset {name!r}: not a TensorFlow Datasets name{hint}")
+
+
 def from_tfds(name: str, split: str, data_dir: str | None = None,
               shuffle_files: bool = False) -> tuple[tf.data.Dataset, list[str]]:
     """A tfds dataset as (image, label) pairs, and its class names."""
     import tensorflow_datasets as tfds
 
+    _check_tfds_name(tfds, name)
     with _quiet_tfds():
         dataset, info = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
                                   with_info=True, shuffle_files=shuffle_files)

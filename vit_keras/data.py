@@ -60,9 +60,11 @@ def _quiet_tfds():
         logger.removeFilter(quiet)
 
 
-def _check_tfds_name(tfds, name: str) -> None:
+def _check_tfds_name(name: str) -> None:
     """A name tfds does not know gets one line, with the closest known name, instead of tfds'
     own error (a format description or the list of every dataset)."""
+    import tensorflow_datasets as tfds
+
     base = name.split(":")[0].split("/")[0]
     known = tfds.list_builders(with_community_datasets=False)
     if base not in known:
@@ -76,7 +78,7 @@ def from_tfds(name: str, split: str, data_dir: str | None = None,
     """A tfds dataset as (image, label) pairs, and its class names."""
     import tensorflow_datasets as tfds
 
-    _check_tfds_name(tfds, name)
+    _check_tfds_name(name)
     with _quiet_tfds():
         dataset, info = tfds.load(name, split=split, data_dir=data_dir, as_supervised=True,
                                   with_info=True, shuffle_files=shuffle_files)

@@ -116,6 +116,12 @@ def user_errors() -> tuple[type, ...]:
     return USER_ERRORS + ((export.ExportVerificationError,) if export else ())
 
 
+def fit_progress() -> str | int:
+    """model.fit's verbose for a training app: Keras' progress bar on a terminal, one line per
+    epoch where the output is kept (a file, a pipe), which the bar's rewrites would fill."""
+    return "auto" if sys.stdout.isatty() else 2
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     return _whole_number(text, 1, "a positive whole number")

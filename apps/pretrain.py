@@ -17,7 +17,7 @@ import os
 import time
 
 from . import train
-from .common import MASKED_TARGETS, NO_RESNET, model_config, run
+from .common import MASKED_TARGETS, NO_RESNET, fit_progress, model_config, run
 
 OBJECTIVES = ("masked-patch",)
 
@@ -85,6 +85,7 @@ def main(argv=None):
         learning_rate=args.learning_rate, distribution=distribution,
         jit_compile=train.JIT_COMPILE[args.jit_compile],
         steps_per_execution=args.steps_per_execution, keep_checkpoints=args.keep_checkpoints,
+        verbose=fit_progress(),
         compile=functools.partial(masked.compile_masked_patch_model, target=args.target))
     fit_seconds = time.time() - fit_started  # model.fit's alone: the save is save_seconds
     path = os.path.join(run_dir, "backbone.keras")

@@ -25,6 +25,7 @@ from .common import (
     add_data_arguments,
     add_model_arguments,
     app_parser,
+    fit_progress,
     model_from_arguments,
     non_negative_int,
     positive_int,
@@ -371,7 +372,8 @@ def run_training(args) -> dict:
                              distribution=distribution,
                              jit_compile=JIT_COMPILE[args.jit_compile],
                              steps_per_execution=args.steps_per_execution,
-                             keep_checkpoints=args.keep_checkpoints)
+                             keep_checkpoints=args.keep_checkpoints,
+                             verbose=fit_progress())
     return write_results(args, run_dir, model, names, num_classes, history, eval_batches,
                          started, time.time() - fit_started)
 

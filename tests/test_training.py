@@ -469,6 +469,21 @@ def test_the_main_job_evaluates_at_the_end_unless_eval_every_asks_for_more(tmp_p
 
 
 @backend_independent
+@pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
+def test_a_kept_log_gets_one_line_per_epoch_not_the_progress_bar(tmp_path, capsys):
+    """Output that is not a terminal (a file, a pipe, pytest's capture) is kept: Keras' bar
+    rewrites its line with carriage returns and backspaces at every step, which fill a log."""
+    from apps import train
+
+    train.main(["--limit", "256", "--epochs", "2",
+                "--run-dir", str(tmp_path), *TINY_FLAGS])
+    printed = capsys.readouterr().out
+    assert "\r" not in printed and "\b" not in printed
+    epoch_lines = [line for line in printed.splitlines() if line.startswith("4/4 - ")]
+    assert len(epoch_lines) == 2 and all("loss: " in line for line in epoch_lines), printed
+
+
+@backend_independent
 def test_paper_recipes_hold_the_papers_values():
     """Sec. 4.1, Table 3 (ImageNet-21k pre-training of B and L) and Table 4 (fine-tuning), as
     vit-facts.md section 5 lists them, in the recipes and in the optimizers they build."""

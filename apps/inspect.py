@@ -136,6 +136,7 @@ def main(argv=None):
             written.append(name)
         except ValueError as err:
             numbers[name.removesuffix(".png")] = str(err)
+            print(f"no {name}: {err}")
     with open(os.path.join(out, "inspect.json"), "w") as file:
         json.dump(numbers, file, indent=1)
     print(f"wrote {', '.join(written)} and inspect.json to {out}")

@@ -203,7 +203,7 @@ def test_inspect_writes_valid_pngs(tmp_path):
     assert np.array(numbers["mean_attention_distance"]).shape == (2, 4)
 
 
-def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
+def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path, capsys):
     import json
 
     import vit_keras as vk
@@ -217,8 +217,10 @@ def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path):
     assert sorted(os.listdir(out)) == ["attention_distance.png", "inspect.json",
                                        "posemb_similarity.png", "rollout.png"]
     numbers = json.loads((tmp_path / "figs" / "inspect.json").read_text())
-    assert "not the image's 3: a hybrid's filters are not image patches" in numbers[
-        "filters"]
+    why = "not the image's 3: a hybrid's filters are not image patches"
+    assert why in numbers["filters"]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("no filters.png: ") and why in printed[0], printed
 
 
 def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):

@@ -228,7 +228,8 @@ def page_test_class(page: Path) -> type:
     @in_tensorflow_pass
     class Page:
         @pytest.fixture(scope="class")
-        def folder(self, tmp_path_factory):
+        @staticmethod
+        def folder(tmp_path_factory):
             folder = tmp_path_factory.mktemp(page.stem)
             (folder / "docs").symlink_to(ROOT / "docs")
             return folder

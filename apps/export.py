@@ -21,7 +21,8 @@ def build_parser():
     parser.add_argument("--formats", nargs="+", default=None, choices=EXPORT_FORMATS,
                         metavar="FORMAT",
                         help=f"some of {', '.join(EXPORT_FORMATS)} (default: all)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing export")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the exports in an existing folder (other files stay)")
     add_data_arguments(parser, "verification and calibration images (default: the data the "
                                "model was trained on, from result.json beside it)", dataset=None)
     parser.add_argument("--samples", type=positive_int, default=200,
@@ -86,8 +87,7 @@ def main(argv=None):
     model = load_model(args.model)
     name = args.name or os.path.basename(os.path.dirname(os.path.abspath(args.model)))
     out = args.out or os.path.join("savedmodels", name)
-    if os.path.exists(out) and not args.overwrite:
-        raise FileExistsError(f"{out!r} exists; pass --overwrite to replace it")
+    export.check_output_folder(out, args.overwrite)  # before the data is read
     labels_file = os.path.join(os.path.dirname(args.model), "labels.txt")
     labels = open(labels_file).read().splitlines() if os.path.exists(labels_file) else None
     source = data_source(args)

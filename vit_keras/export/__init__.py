@@ -23,7 +23,13 @@ from vit_keras.export.serving import ClassTokenFolded, serving_model
 from vit_keras.intermediates import built_image_size, takes_any_size
 
 __all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationError",
-           "Predictor", "export_all", "serving_model", "tflite_bytes", "verify"]
+           "Predictor", "check_output_folder", "export_all", "serving_model", "tflite_bytes",
+           "verify"]
+
+# What an export writes into its folder besides the formats' files: overwriting replaces
+# these and the formats' files, and leaves anything else in the folder alone.
+SIDE_FILES = ("labels.txt", "export_report.json")
+FIXED_SIZE_DIR = "fixed_size_saved_model"
 
 
 class ExportVerificationError(RuntimeError):
@@ -120,23 +126,37 @@ def _fixed_size_serving(model, serving, saved_model_dir, out_dir, report):
     image_size = built_image_size(model)
     report["fixed_size_formats_input_shape"] = [*image_size, model.input.shape[-1]]
     fixed = serving_model(model, fold_class_token=True, image_size=image_size)
-    fixed_dir = os.path.join(out_dir, "fixed_size_saved_model")
+    fixed_dir = os.path.join(out_dir, FIXED_SIZE_DIR)
     fixed.export(fixed_dir, format="tf_saved_model", verbose=False)
     return fixed, fixed_dir
 
 
+def check_output_folder(out_dir: str, overwrite: bool) -> None:
+    """Refuses a file, and an existing folder unless overwrite."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"{out_dir!r} is a file: exports go into a folder")
+    if os.path.exists(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir!r} exists; pass overwrite=True (--overwrite) to "
+                              "replace the exports in it")
+
+
 def _fresh_folder(out_dir: str, overwrite: bool) -> None:
-    if os.path.exists(out_dir):
-        if not overwrite:
-            raise FileExistsError(f"{out_dir!r} exists; pass overwrite=True (--overwrite) to "
-                                  "replace it")
-        shutil.rmtree(out_dir)
-    os.makedirs(out_dir)
+    """out_dir made, or an earlier export's files removed from it (every format's, not only
+    those asked for now, so that none is left stale beside the new report)."""
+    check_output_folder(out_dir, overwrite)
+    for name in (*(f.file_name for f in FORMATS.values()), *SIDE_FILES, FIXED_SIZE_DIR):
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+    os.makedirs(out_dir, exist_ok=True)
 
 
 def _write_side_files(out_dir: str, report: dict, labels: list[str] | None) -> None:
+    labels_file, report_file = SIDE_FILES
     if labels:
-        with open(os.path.join(out_dir, "labels.txt"), "w") as file:
+        with open(os.path.join(out_dir, labels_file), "w") as file:
             file.write("\n".join(labels) + "\n")
-    with open(os.path.join(out_dir, "export_report.json"), "w") as file:
+    with open(os.path.join(out_dir, report_file), "w") as file:
         json.dump(report, file, indent=1)

@@ -65,6 +65,7 @@ def main(argv=None):
     run_dir = args.run_dir or os.path.join(
         "runs", "pretrain_" + os.path.basename(args.folder or args.dataset))
     images, _, names = train.load_sources(args)
+    steps = train.steps_per_epoch(images, args.batch_size)
     train.claim_run_dir(args, run_dir)
     keras.config.set_dtype_policy(args.precision)
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
@@ -75,7 +76,6 @@ def main(argv=None):
     batches, _ = train.pipelines(args, recipe, images, None, num_classes)
     batches = masked.masked_patch_pipeline(batches, model_config(args).patch_size, args.target,
                                            args.corruption, args.color_channels, args.seed)
-    steps = max(train.count_examples(images) // args.batch_size, 1)
     print(f"pre-training {backbone.name} by masked patch prediction ({args.target}, "
           f"{args.corruption:.0%} corrupted) with recipe {args.recipe} for {args.epochs} "
           f"epochs of {steps} steps; run dir {run_dir}")

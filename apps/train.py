@@ -249,6 +249,16 @@ def count_examples(dataset) -> int:
     return known if known >= 0 else sum(1 for _ in dataset)
 
 
+def steps_per_epoch(train, batch_size: int) -> int:
+    """Whole batches of the training images: the pipeline drops a partial last batch, so
+    fewer images than one batch are refused."""
+    count = count_examples(train)
+    if count < batch_size:
+        raise ValueError(f"{count} training images, fewer than one batch of {batch_size}: "
+                         "pass a smaller --batch-size")
+    return count // batch_size
+
+
 def load_sources(args):
     """(train dataset, eval dataset or None, class names)."""
     from vit_keras import data
@@ -351,14 +361,13 @@ def run_training(args) -> dict:
     recipe = recipe_from_arguments(args)
     run_dir = run_dir_of(args)
     train, evaluation, names = load_sources(args)
+    steps = steps_per_epoch(train, args.batch_size)
     claim_run_dir(args, run_dir)  # once the data is found: a mistake there leaves no folder
-    count = count_examples(train)
     num_classes = len(names) or args.num_classes
     keras.config.set_dtype_policy(args.precision)
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
     model = build_model(args, recipe, num_classes, distribution)
     train_batches, eval_batches = pipelines(args, recipe, train, evaluation, num_classes)
-    steps = max(count // args.batch_size, 1)
     print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
           f"{args.recipe} for {args.epochs} epochs of {steps} steps (global batch "
           f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "

@@ -320,6 +320,24 @@ def test_pretrain_keeps_every_patch_unless_patch_dropout_is_asked_for(tmp_path, 
         pretrain.main([*common, "--recipe-option", "patch_drop_rate=0.5", "--overwrite"])
 
 
+@backend_independent
+@pytest.mark.parametrize("app", ["train", "pretrain"])
+def test_fewer_images_than_one_batch_are_refused_before_the_run_folder(tmp_path, capsys, app):
+    """The pipeline drops a partial batch: 6 images in batches of 8 left model.fit no data."""
+    from apps import common, pretrain, train
+
+    images = write_images(tmp_path / "images", 3, 32, seed=5)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:
+        common.run({"train": train.main, "pretrain": pretrain.main}[app],
+                   [*TINY_FLAGS, "--folder", str(images), "--image-size", "32",
+                    "--batch-size", "8", "--run-dir", str(run_dir)])
+    printed = capsys.readouterr().err
+    assert stopped.value.code == 2 and printed == (
+        "error: 6 training images, fewer than one batch of 8: pass a smaller --batch-size\n")
+    assert not run_dir.exists()
+
+
 def test_a_run_folder_holds_one_run(tmp_path, capsys):
     import json
 

@@ -177,17 +177,9 @@ def image_paths(inputs) -> list[str]:
 
 def load_model(path: str):
     """A .keras file in safe mode; a missing file and an unreadable one are told apart."""
-    import keras
+    from vit_keras.weights.files import read_keras_model
 
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"model file {path!r} does not exist")
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"model file {path!r} is not a readable .keras file (not a zip "
-                         "archive: truncated or another format)")
-    try:
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
-    except Exception as err:  # Keras raises many types for a damaged archive
-        raise ValueError(f"model file {path!r} could not be read: {err}") from err
+    return read_keras_model(path)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, without_variant: str,

@@ -134,6 +134,10 @@ def write_bad_files(tmp_path):
     model.save(tmp_path / "model.keras")
     data = (tmp_path / "model.keras").read_bytes()
     (tmp_path / "truncated.keras").write_bytes(data[:len(data) // 2])
+    with zipfile.ZipFile(tmp_path / "notamodel.keras", "w") as archive:  # no config.json
+        archive.writestr("notes.txt", "a zip, not a model")
+    (tmp_path / "bad.onnx").write_text("junk")
+    (tmp_path / "bad.tflite").write_text("junk")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     return tmp_path
@@ -143,6 +147,14 @@ MISTAKES = [
     (["apps.predict", "model.keras", "corrupt.png"], "cannot read image file"),
     (["apps.predict", "missing.keras", "corrupt.png"], "model 'missing.keras' does not exist"),
     (["apps.evaluate", "truncated.keras"], "is not a readable .keras file"),
+    (["apps.predict", "truncated.keras", "corrupt.png"],
+     "model file 'truncated.keras' is not a readable .keras file"),
+    (["apps.predict", "notamodel.keras", "corrupt.png"],
+     "model file 'notamodel.keras' could not be read: "),
+    (["apps.predict", "bad.onnx", "corrupt.png"],
+     "model file 'bad.onnx' could not be read by OnnxRuntime: "),
+    (["apps.predict", "bad.tflite", "corrupt.png"],
+     "model file 'bad.tflite' could not be read by LiteRTRuntime: "),
     (["apps.train", "--folder", "no_such_folder", "--epochs", "1"],
      "image folder 'no_such_folder' does not exist"),
     (["apps.export", "model.keras", "--out", "out", "--folder", "."],

@@ -193,7 +193,7 @@ def test_export_refuses_to_overwrite(trained, exported):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     assert done.returncode != 0
-    assert "exists; pass overwrite=True (--overwrite) to replace the exports in it" in (
+    assert "exists; pass --overwrite (overwrite=True) to replace the exports in it" in (
         done.stderr)
 
 

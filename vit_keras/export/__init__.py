@@ -136,7 +136,7 @@ def check_output_folder(out_dir: str, overwrite: bool) -> None:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(f"{out_dir!r} is a file: exports go into a folder")
     if os.path.exists(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir!r} exists; pass overwrite=True (--overwrite) to "
+        raise FileExistsError(f"{out_dir!r} exists; pass --overwrite (overwrite=True) to "
                               "replace the exports in it")
 
 

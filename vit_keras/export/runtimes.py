@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from vit_keras.export.serving import serving_model
+from vit_keras.weights.files import read_keras_model
 
 
 class SavedModelRuntime:
@@ -69,7 +70,7 @@ class KerasRuntime:
     """A .keras model, wrapped in the same uint8 serving function as the exports."""
 
     def __init__(self, path: str):
-        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        model = read_keras_model(path)
         self._model = serving_model(model)
         self.input_shape = tuple(self._model.input.shape[1:])
 
@@ -99,7 +100,13 @@ class Predictor:
         if runtime is None:
             raise ValueError(f"{self.path!r}: expected a .keras, SavedModel folder, .tflite or "
                              ".onnx model")
-        self._runtime = runtime(self.path)
+        try:
+            self._runtime = runtime(self.path)
+        except Exception as err:  # each reader raises its own types for a file it cannot read
+            if repr(self.path) in str(err):  # read_keras_model's: one line naming the file
+                raise
+            raise ValueError(f"model file {self.path!r} could not be read by "
+                             f"{runtime.__name__}: {err}") from err
         self.input_shape = self._runtime.input_shape
 
     def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 
 import keras
 
@@ -11,6 +12,20 @@ from vit_keras.weights.assign import LoadReport, load_params
 from vit_keras.weights.keras_hub import load_keras_hub
 from vit_keras.weights.npz import load_npz, model_params, save_npz
 from vit_keras.weights.pytorch import TORCH_SUFFIXES, load_pytorch_weights
+
+
+def read_keras_model(path: str) -> keras.Model:
+    """A .keras file in safe mode, without its compile state; a missing file, one that is no
+    zip archive and a damaged archive are each told apart in one line naming the file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model file {path!r} does not exist")
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"model file {path!r} is not a readable .keras file (not a zip "
+                         "archive: truncated or another format)")
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=True)
+    except Exception as err:  # Keras raises many types for a damaged archive
+        raise ValueError(f"model file {path!r} could not be read: {err}") from err
 
 
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
@@ -33,7 +48,7 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
     if path.endswith(".weights.h5"):
         model.load_weights(path)
     elif path.endswith(".keras"):
-        saved = keras.saving.load_model(path, compile=False, safe_mode=True)
+        saved = read_keras_model(path)
         return load_params(model, model_params(saved), path, "Keras model (.keras)")
     elif path.endswith(".npz"):
         return load_npz(model, path)

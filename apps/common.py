@@ -11,6 +11,7 @@ import pathlib
 import sys
 import textwrap
 import traceback
+import warnings
 import zipfile
 
 SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size")
@@ -28,6 +29,7 @@ CLASSIFIERS = ("token", "gap")  # vit_keras.models.CLASSIFIERS
 POSITION_EMBEDDINGS = ("learned", "learned2d", "sincos2d", "none",
                        "relative")  # position_embeddings.POSITION_EMBEDDINGS
 ATTENTION_KERNELS = ("auto", "fused", "einsum")  # kernels.ATTENTION_KERNELS
+BACKENDS = ("tensorflow", "jax", "torch")  # the Keras backends the library runs on
 RECIPES = ("fashion_mnist", "finetune", "mpp", "pretrain", "scratch")  # training.RECIPES
 LORA_TARGETS = ("query", "key", "value", "out", "Dense_0", "Dense_1")  # lora.TARGETS
 DISTRIBUTIONS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel",
@@ -67,6 +69,9 @@ def import_keras(verbose: bool) -> None:
     --verbose (or TF_CPP_MIN_LOG_LEVEL is set already); some of them (oneDNN's, on CPUs with
     AVX-512) come before TensorFlow reads its log level, so the imports run with the process's
     stderr closed."""
+    backend = os.environ.get("KERAS_BACKEND")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"KERAS_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
     if verbose or "tensorflow" in sys.modules:
         return
@@ -95,9 +100,12 @@ def app_parser(name: str, doc: str) -> argparse.ArgumentParser:
 
 
 def run(main, argv=None):
-    """main(argv), with a user's mistake reported in one line on stderr and exit status 2;
-    --debug shows the traceback instead."""
+    """main(argv), with a user's mistake reported in one line on stderr and exit status 2, and
+    warnings in one line each; --debug shows the traceback and the warnings' source lines."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    formatwarning = warnings.formatwarning
+    if "--debug" not in argv:
+        warnings.formatwarning = one_line_warning
     try:
         return main(argv)
     except Exception as err:
@@ -107,6 +115,13 @@ def run(main, argv=None):
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        warnings.formatwarning = formatwarning
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning as the apps print it: its message, without the source line that raised it."""
+    return f"warning: {message}\n"
 
 
 def user_errors() -> tuple[type, ...]:

@@ -368,6 +368,9 @@ def run_training(args) -> dict:
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
     model = build_model(args, recipe, num_classes, distribution)
     train_batches, eval_batches = pipelines(args, recipe, train, evaluation, num_classes)
+    if eval_batches is None:
+        print("no held-out images (--eval-folder, or --validation-split N): the run is not "
+              "evaluated")
     print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
           f"{args.recipe} for {args.epochs} epochs of {steps} steps (global batch "
           f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "

@@ -371,6 +371,8 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
         train.main(flags("--epochs", "1", "--num-layers", "1"))
     result = train.main(flags("--epochs", "1", "--num-layers", "1", "--overwrite"))
     assert result["epochs"] == 1
+    assert "no held-out images (--eval-folder, or --validation-split N): the run is not " \
+           "evaluated" in capsys.readouterr().out  # a folder without --eval-folder
     assert json.loads((run_dir / "result.json").read_text())["epochs"] == 1
     rows = (run_dir / "history.csv").read_text().splitlines()[1:]
     assert [row.split(",")[0] for row in rows] == ["0"]  # the new run's epoch only

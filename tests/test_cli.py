@@ -245,6 +245,26 @@ def test_debug_shows_the_traceback(mistakes):
     assert "Traceback" in done["stderr"] and "is not a readable .keras file" in done["stderr"]
 
 
+def test_a_misspelt_backend_is_named_in_one_line():
+    env = {**os.environ, "KERAS_BACKEND": "pytorch", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "apps.variants"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr == ("error: KERAS_BACKEND='pytorch': expected one of tensorflow, jax, "
+                           "torch\n")
+
+
+def test_an_apps_warning_is_one_line_unless_debug():
+    """Python prints a warning with the source line that raised it, a line of library code."""
+    code = ("import sys, warnings; from apps import common; "
+            "common.run(lambda argv: warnings.warn('skipped 1 unreadable image file'), "
+            "sys.argv[1:])")
+    quiet = app(command=[sys.executable, "-c", code])
+    debug = app(command=[sys.executable, "-c", code, "--debug"])
+    assert quiet.stderr == "warning: skipped 1 unreadable image file\n"
+    assert "UserWarning: skipped 1 unreadable image file" in debug.stderr
+
+
 def test_verbose_brings_tensorflow_log_lines_back(tmp_path):
     quiet = app("apps.variants", "--pretrained")
     loud = app("apps.variants", "--pretrained", "--verbose")

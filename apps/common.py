@@ -70,7 +70,7 @@ def import_keras(verbose: bool) -> None:
     AVX-512) come before TensorFlow reads its log level, so the imports run with the process's
     stderr closed."""
     backend = os.environ.get("KERAS_BACKEND")
-    if backend is not None and backend not in BACKENDS:
+    if backend and backend not in BACKENDS:  # Keras takes an empty one for unset
         raise ValueError(f"KERAS_BACKEND={backend!r}: expected one of {', '.join(BACKENDS)}")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "0" if verbose else "3")
     if verbose or "tensorflow" in sys.modules:
@@ -132,8 +132,8 @@ def user_errors() -> tuple[type, ...]:
 
 
 def fit_progress() -> str | int:
-    """model.fit's verbose for a training app: Keras' progress bar on a terminal, one line per
-    epoch where the output is kept (a file, a pipe), which the bar's rewrites would fill."""
+    """model.fit's verbose for a training app: Keras' progress bar on a terminal, a summary
+    line per epoch where the output is kept (a file, a pipe), which the bar's rewrites fill."""
     return "auto" if sys.stdout.isatty() else 2
 
 

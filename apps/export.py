@@ -98,7 +98,7 @@ def main(argv=None):
                                    formats=tuple(args.formats or EXPORT_FORMATS),
                                    overwrite=args.overwrite)
     finally:
-        report_path = os.path.join(out, "export_report.json")
+        report_path = os.path.join(out, export.REPORT_FILE)
         if os.path.exists(report_path):
             with open(report_path) as file:
                 print(json.dumps(json.load(file)["formats"], indent=1))

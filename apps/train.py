@@ -254,7 +254,7 @@ def steps_per_epoch(train, batch_size: int) -> int:
     fewer images than one batch are refused."""
     count = count_examples(train)
     if count < batch_size:
-        raise ValueError(f"{count} training images, fewer than one batch of {batch_size}: "
+        raise ValueError(f"fewer training images ({count}) than one batch ({batch_size}): "
                          "pass a smaller --batch-size")
     return count // batch_size
 
@@ -369,8 +369,8 @@ def run_training(args) -> dict:
     model = build_model(args, recipe, num_classes, distribution)
     train_batches, eval_batches = pipelines(args, recipe, train, evaluation, num_classes)
     if eval_batches is None:
-        print("no held-out images (--eval-folder, or --validation-split N): the run is not "
-              "evaluated")
+        print("no held-out images: the run is not evaluated (pass --eval-folder or "
+              "--validation-split N)")
     print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
           f"{args.recipe} for {args.epochs} epochs of {steps} steps (global batch "
           f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "

@@ -334,7 +334,7 @@ def test_fewer_images_than_one_batch_are_refused_before_the_run_folder(tmp_path,
                     "--batch-size", "8", "--run-dir", str(run_dir)])
     printed = capsys.readouterr().err
     assert stopped.value.code == 2 and printed == (
-        "error: 6 training images, fewer than one batch of 8: pass a smaller --batch-size\n")
+        "error: fewer training images (6) than one batch (8): pass a smaller --batch-size\n")
     assert not run_dir.exists()
 
 
@@ -371,8 +371,8 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
         train.main(flags("--epochs", "1", "--num-layers", "1"))
     result = train.main(flags("--epochs", "1", "--num-layers", "1", "--overwrite"))
     assert result["epochs"] == 1
-    assert "no held-out images (--eval-folder, or --validation-split N): the run is not " \
-           "evaluated" in capsys.readouterr().out  # a folder without --eval-folder
+    assert "no held-out images: the run is not evaluated (pass --eval-folder or " \
+           "--validation-split N)" in capsys.readouterr().out  # a folder without --eval-folder
     assert json.loads((run_dir / "result.json").read_text())["epochs"] == 1
     rows = (run_dir / "history.csv").read_text().splitlines()[1:]
     assert [row.split(",")[0] for row in rows] == ["0"]  # the new run's epoch only

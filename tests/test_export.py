@@ -193,27 +193,30 @@ def test_export_refuses_to_overwrite(trained, exported):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "KERAS_BACKEND": "tensorflow"})
     assert done.returncode != 0
-    assert "exists; pass --overwrite (overwrite=True) to replace the exports in it" in (
-        done.stderr)
+    assert "exists; pass --overwrite (overwrite=True) to export into it, replacing an " \
+           "earlier export's files" in done.stderr
 
 
 @in_tensorflow_pass
 def test_overwriting_replaces_the_exports_and_nothing_else(trained, tmp_path):
-    """A run's folder as the export's: --overwrite must not take the model, the run's files or
-    a user's notes with it; an earlier export's files go, asked for again or not."""
+    """A run's folder as the export's: --overwrite must not take the model, the run's files
+    (its labels.txt too, when no labels are given) or a user's notes with it; an earlier
+    export's files go, asked for again or not."""
     from vit_keras import export
 
     _, model, test_images = trained
-    (tmp_path / "model.keras").write_bytes(b"the run's model")
-    (tmp_path / "notes.txt").write_text("mine")
+    run_files = {"model.keras": "the run's model", "labels.txt": "a\nb\nc\nd\n",
+                 "result.json": "{}", "notes.txt": "mine"}
+    for name, text in run_files.items():
+        (tmp_path / name).write_text(text)
     (tmp_path / "model_int8.tflite").write_bytes(b"an earlier export")
-    (tmp_path / "saved_model").mkdir()
+    (tmp_path / "model.onnx").write_bytes(b"an earlier export")
     report = export.export_all(model, str(tmp_path), test_images[:8],
                                formats=("tflite_float32",), overwrite=True)
     assert report["formats"]["tflite_float32"]["passed"]
-    assert sorted(os.listdir(tmp_path)) == ["export_report.json", "model.keras",
-                                            "model_float32.tflite", "notes.txt"]
-    assert (tmp_path / "model.keras").read_bytes() == b"the run's model"
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        [*run_files, "export_report.json", "model_float32.tflite"])
+    assert {name: (tmp_path / name).read_text() for name in run_files} == run_files
     with pytest.raises(NotADirectoryError, match="'.*notes.txt' is a file: exports go into a "
                                                  "folder"):
         export.export_all(model, str(tmp_path / "notes.txt"), test_images[:8],

@@ -26,9 +26,10 @@ __all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationErr
            "Predictor", "check_output_folder", "export_all", "serving_model", "tflite_bytes",
            "verify"]
 
-# What an export writes into its folder besides the formats' files: overwriting replaces
-# these and the formats' files, and leaves anything else in the folder alone.
-SIDE_FILES = ("labels.txt", "export_report.json")
+# What an export writes into its folder besides the formats' files. Overwriting removes the
+# formats' files, the report and the fixed-size folder first, and leaves anything else alone;
+# labels.txt is replaced only by labels given (in a run's folder it is the run's own).
+REPORT_FILE, LABELS_FILE = "export_report.json", "labels.txt"
 FIXED_SIZE_DIR = "fixed_size_saved_model"
 
 
@@ -114,7 +115,7 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
     if failed:
         raise ExportVerificationError(
             f"exports past their tolerance: {', '.join(failed)} (see "
-            f"{os.path.join(out_dir, 'export_report.json')})")
+            f"{os.path.join(out_dir, REPORT_FILE)})")
     return report
 
 
@@ -137,14 +138,14 @@ def check_output_folder(out_dir: str, overwrite: bool) -> None:
         raise NotADirectoryError(f"{out_dir!r} is a file: exports go into a folder")
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir!r} exists; pass --overwrite (overwrite=True) to "
-                              "replace the exports in it")
+                              "export into it, replacing an earlier export's files")
 
 
 def _fresh_folder(out_dir: str, overwrite: bool) -> None:
     """out_dir made, or an earlier export's files removed from it (every format's, not only
     those asked for now, so that none is left stale beside the new report)."""
     check_output_folder(out_dir, overwrite)
-    for name in (*(f.file_name for f in FORMATS.values()), *SIDE_FILES, FIXED_SIZE_DIR):
+    for name in (*(f.file_name for f in FORMATS.values()), REPORT_FILE, FIXED_SIZE_DIR):
         path = os.path.join(out_dir, name)
         if os.path.isdir(path):
             shutil.rmtree(path)
@@ -154,9 +155,8 @@ def _fresh_folder(out_dir: str, overwrite: bool) -> None:
 
 
 def _write_side_files(out_dir: str, report: dict, labels: list[str] | None) -> None:
-    labels_file, report_file = SIDE_FILES
     if labels:
-        with open(os.path.join(out_dir, labels_file), "w") as file:
+        with open(os.path.join(out_dir, LABELS_FILE), "w") as file:
             file.write("\n".join(labels) + "\n")
-    with open(os.path.join(out_dir, report_file), "w") as file:
+    with open(os.path.join(out_dir, REPORT_FILE), "w") as file:
         json.dump(report, file, indent=1)

@@ -15,6 +15,8 @@ from vit_keras.weights.files import read_keras_model
 class SavedModelRuntime:
     """A SavedModel folder through its serving_default signature."""
 
+    reader = "TensorFlow"
+
     def __init__(self, path: str):
         import tensorflow as tf
 
@@ -31,6 +33,8 @@ class SavedModelRuntime:
 
 class LiteRTRuntime:
     """A .tflite file through LiteRT's interpreter, one image at a time (batch 1 files)."""
+
+    reader = "LiteRT"
 
     def __init__(self, path: str):
         from ai_edge_litert.interpreter import Interpreter
@@ -50,6 +54,8 @@ class LiteRTRuntime:
 
 class OnnxRuntime:
     """An .onnx file through onnxruntime."""
+
+    reader = "onnxruntime"
 
     def __init__(self, path: str):
         import onnxruntime
@@ -102,11 +108,13 @@ class Predictor:
                              ".onnx model")
         try:
             self._runtime = runtime(self.path)
+        except ImportError:  # the reader's package is missing, not the file bad
+            raise
         except Exception as err:  # each reader raises its own types for a file it cannot read
-            if repr(self.path) in str(err):  # read_keras_model's: one line naming the file
+            if runtime is KerasRuntime:  # read_keras_model's errors name the file already
                 raise
-            raise ValueError(f"model file {self.path!r} could not be read by "
-                             f"{runtime.__name__}: {err}") from err
+            raise ValueError(f"{self.path!r} could not be read by {runtime.reader}: "
+                             f"{str(err).strip()}") from err
         self.input_shape = self._runtime.input_shape
 
     def __call__(self, images: np.ndarray) -> dict[str, np.ndarray]:

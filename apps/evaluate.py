@@ -2,6 +2,7 @@
 confusion matrix saved as PNG, all written to --out as well as printed.
 
 vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
+                   [--limit N]
 """
 
 import json
@@ -15,6 +16,8 @@ def main(argv=None):
     parser.add_argument("model", help="a .keras file")
     add_data_arguments(parser, "held-out images").add_argument(
         "--split", default="test", help="tfds split (or Fashion-MNIST's train / test)")
+    parser.add_argument("--limit", type=positive_int,
+                        help="evaluate the first N held-out images only (a quick check)")
     parser.add_argument("--batch-size", type=positive_int, default=256,
                         help="images per forward pass")
     parser.add_argument("--quantize", choices=["int8", "float8", "int4"],
@@ -34,6 +37,8 @@ def main(argv=None):
         raise ValueError(f"{args.folder or args.dataset!r} has {len(names)} classes "
                          f"({', '.join(names)}), but the model predicts {num_classes}")
     names = names or [str(i) for i in range(num_classes)]
+    if args.limit:
+        dataset = dataset.take(args.limit)
     batches = data.make_pipeline(dataset, image_size=intermediates.built_image_size(model),
                                  num_classes=num_classes, batch_size=args.batch_size,
                                  training=False, channels=model.input.shape[-1])

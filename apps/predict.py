@@ -60,6 +60,8 @@ def main(argv=None):
     probabilities = model(pixels)["probabilities"]
     beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), "labels.txt")
     labels = read_labels(args.labels or beside, probabilities.shape[-1], bool(args.labels))
+    if not args.labels and not os.path.exists(beside):
+        print("classes by number: no labels.txt beside the model (--labels FILE names them)")
     results = []
     for path, row in zip(paths, probabilities, strict=True):
         best = np.argsort(-row)[:args.top_k]

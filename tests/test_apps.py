@@ -102,6 +102,11 @@ def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
     assert results[0][0] == (["cat", "dog"][best], pytest.approx(float(expected[0, best]),
                                                                  abs=1e-5))
     assert "a.png: " in capsys.readouterr().out
+    (tmp_path / "labels.txt").unlink()  # a model saved by hand, without its run's labels
+    numbered = predict.main([path, str(tmp_path / "a.png"), "--top-k", "2"])
+    assert numbered[0][0][0] == str(best)
+    assert capsys.readouterr().out.startswith("classes by number: no labels.txt beside the "
+                                              "model (--labels FILE names them)\n")
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n garbage")
     with pytest.raises(ValueError, match=r"cannot read image file '.*broken\.png'"):
         predict.main([path, str(tmp_path / "broken.png")])
@@ -164,6 +169,9 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
     assert report["top5"] == 1.0  # two classes: the true one is always in the top 5
     with Image.open(tmp_path / "confusion_matrix.png") as png:
         assert png.format == "PNG" and png.size[0] >= 300
+    limited = evaluate.main([str(tmp_path / "model.keras"), "--folder", str(tmp_path / "images"),
+                             "--limit", "4", "--out", str(tmp_path / "limited")])
+    assert limited["images"] == np.sum(limited["confusion_matrix"]) == 4
 
 
 def test_evaluate_refuses_a_folder_of_another_class_count(tmp_path):

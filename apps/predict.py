@@ -13,9 +13,10 @@ from .common import app_parser, image_paths, positive_int, run
 
 
 def read_labels(path: str, count: int, given: bool) -> list[str]:
-    """The names in `path`, which must be one per class; the class numbers when a file that
-    was not given by name does not exist."""
+    """The names in `path`, which must be one per class; the class numbers, said so, when a
+    file that was not given by name does not exist."""
     if not given and not os.path.exists(path):
+        print("classes by number: no labels.txt beside the model (--labels FILE names them)")
         return [str(i) for i in range(count)]
     if not os.path.exists(path):
         raise FileNotFoundError(f"labels file {path!r} does not exist")
@@ -60,8 +61,6 @@ def main(argv=None):
     probabilities = model(pixels)["probabilities"]
     beside = os.path.join(os.path.dirname(os.path.abspath(args.model)), "labels.txt")
     labels = read_labels(args.labels or beside, probabilities.shape[-1], bool(args.labels))
-    if not args.labels and not os.path.exists(beside):
-        print("classes by number: no labels.txt beside the model (--labels FILE names them)")
     results = []
     for path, row in zip(paths, probabilities, strict=True):
         best = np.argsort(-row)[:args.top_k]

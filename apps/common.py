@@ -19,6 +19,9 @@ SHAPE_FLAGS = ("hidden_size", "num_layers", "num_heads", "mlp_dim", "patch_size"
 NO_RESNET, STEM_ONLY = "none", "stem"
 # How the usage line names a program; the console script sets "vit-keras {name}".
 PROG = "python -m apps.{name}"
+# The class names a training run writes beside its model, one a line, which export and predict
+# read from there (vit_keras.export.LABELS_FILE).
+LABELS_FILE = "labels.txt"
 # A user's mistake: reported in one line, without a traceback (--debug shows it); an export
 # that fails its verification is one too (user_errors).
 USER_ERRORS = (ValueError, OSError, zipfile.BadZipFile)
@@ -129,6 +132,16 @@ def user_errors() -> tuple[type, ...]:
     is raised nowhere else)."""
     export = sys.modules.get("vit_keras.export")
     return USER_ERRORS + ((export.ExportVerificationError,) if export else ())
+
+
+def labels_beside(model_path: str) -> str:
+    """The labels file a training run left beside its model file."""
+    return os.path.join(os.path.dirname(os.path.abspath(model_path)), LABELS_FILE)
+
+
+def counted(number: int, noun: str) -> str:
+    """"1 epoch", "8 epochs": a count and its noun, in the plural where it is not one."""
+    return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
 
 
 def fit_progress() -> str | int:

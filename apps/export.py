@@ -10,7 +10,15 @@ import os
 import subprocess
 import sys
 
-from .common import EXPORT_FORMATS, add_data_arguments, app_parser, load_model, positive_int, run
+from .common import (
+    EXPORT_FORMATS,
+    add_data_arguments,
+    app_parser,
+    labels_beside,
+    load_model,
+    positive_int,
+    run,
+)
 
 
 def build_parser():
@@ -88,7 +96,7 @@ def main(argv=None):
     name = args.name or os.path.basename(os.path.dirname(os.path.abspath(args.model)))
     out = args.out or os.path.join("savedmodels", name)
     export.check_output_folder(out, args.overwrite)  # before the data is read
-    labels_file = os.path.join(os.path.dirname(args.model), "labels.txt")
+    labels_file = labels_beside(args.model)
     labels = open(labels_file).read().splitlines() if os.path.exists(labels_file) else None
     source = data_source(args)
     samples = images_for(source, model, "eval", args.samples)

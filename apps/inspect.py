@@ -131,8 +131,11 @@ def main(argv=None):
                    analysis.position_embedding_similarity(model), path)}
     written = []
     for name, draw in figures.items():
+        path = os.path.join(out, name)
+        if os.path.exists(path):  # an earlier inspect's, which this model may not draw again
+            os.remove(path)
         try:
-            draw(os.path.join(out, name))
+            draw(path)
             written.append(name)
         except ValueError as err:
             numbers[name.removesuffix(".png")] = str(err)

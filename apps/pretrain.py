@@ -17,7 +17,7 @@ import os
 import time
 
 from . import train
-from .common import MASKED_TARGETS, NO_RESNET, fit_progress, model_config, run
+from .common import MASKED_TARGETS, NO_RESNET, counted, fit_progress, model_config, run
 
 OBJECTIVES = ("masked-patch",)
 
@@ -77,8 +77,9 @@ def main(argv=None):
     batches = masked.masked_patch_pipeline(batches, model_config(args).patch_size, args.target,
                                            args.corruption, args.color_channels, args.seed)
     print(f"pre-training {backbone.name} by masked patch prediction ({args.target}, "
-          f"{args.corruption:.0%} corrupted) with recipe {args.recipe} for {args.epochs} "
-          f"epochs of {steps} steps; run dir {run_dir}")
+          f"{args.corruption:.0%} corrupted) with recipe {args.recipe} for "
+          f"{counted(args.epochs, 'epoch')} of {counted(steps, 'step')}; "
+          f"run dir {run_dir}")
     fit_started = time.time()
     history = training.train(
         model, recipe, batches, epochs=args.epochs, steps_per_epoch=steps, run_dir=run_dir,

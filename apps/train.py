@@ -19,12 +19,14 @@ import time
 
 from .common import (
     DISTRIBUTIONS,
+    LABELS_FILE,
     LORA_TARGETS,
     NO_RESNET,
     RECIPES,
     add_data_arguments,
     add_model_arguments,
     app_parser,
+    counted,
     fit_progress,
     model_from_arguments,
     non_negative_int,
@@ -50,13 +52,14 @@ MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 8, 20
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
 # Where the data came from, kept in result.json for the apps that read the run later.
-DATA_FLAGS = ("dataset", "folder", "eval_folder", "data_dir", "train_split", "eval_split",
-              "validation_split")
+# The flags that choose a run's data (result.json's "data"): a folder's, or a dataset's.
+FOLDER_FLAGS = ("folder", "eval_folder", "validation_split")
+DATASET_FLAGS = ("dataset", "data_dir", "train_split", "eval_split", "validation_split")
 # What a run writes into its folder (vit_keras.training.callbacks, write_results, apps.pretrain),
 # the arguments it was started with first.
 ARGUMENTS_FILE = "arguments.json"
 RUN_FILES = (ARGUMENTS_FILE, "history.json", "history.csv", "backup", "last.keras",
-             "checkpoints", "logs", "model.keras", "backbone.keras", "labels.txt", "result.json")
+             "checkpoints", "logs", "model.keras", "backbone.keras", LABELS_FILE, "result.json")
 # Flags that leave what a run computes unchanged.
 NOT_RUN_ARGUMENTS = ("debug", "verbose", "overwrite", "run_dir", "keep_checkpoints")
 
@@ -333,15 +336,16 @@ def write_results(args, run_dir, model, names, num_classes, history, eval_batche
         split = "validation" if args.validation_split else "test"
         result.update({f"{split}_accuracy": round(scores["accuracy"], 4),
                        f"{split}_top5": round(scores["top5"], 4)})
-    with open(os.path.join(run_dir, "labels.txt"), "w") as file:
+    with open(os.path.join(run_dir, LABELS_FILE), "w") as file:
         file.write("\n".join(names or map(str, range(num_classes))) + "\n")
     result["total_seconds"] = round(time.time() - started, 1)
-    result["data"] = {key: getattr(args, key) for key in DATA_FLAGS}
+    result["data"] = {key: getattr(args, key)
+                      for key in (FOLDER_FLAGS if args.folder else DATASET_FLAGS)}
     with open(os.path.join(run_dir, "result.json"), "w") as file:
         json.dump(result, file, indent=1)
     print(json.dumps(result, indent=1))
     print(f"model: {model_path}; history: {os.path.join(run_dir, 'history.csv')}; "
-          f"labels: {os.path.join(run_dir, 'labels.txt')}")
+          f"labels: {os.path.join(run_dir, LABELS_FILE)}")
     return result
 
 
@@ -372,9 +376,9 @@ def run_training(args) -> dict:
         print("no held-out images: the run is not evaluated (pass --eval-folder or "
               "--validation-split N)")
     print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
-          f"{args.recipe} for {args.epochs} epochs of {steps} steps (global batch "
-          f"{args.batch_size} over {distribution.num_replicas} replica(s), distribution "
-          f"{distribution.kind}, jit_compile {args.jit_compile}); run dir {run_dir}")
+          f"{args.recipe} for {counted(args.epochs, 'epoch')} of {counted(steps, 'step')} "
+          f"(global batch {args.batch_size} over {counted(distribution.num_replicas, 'replica')}"
+          f", distribution {distribution.kind}, jit_compile {args.jit_compile}); run dir {run_dir}")
     fit_started = time.time()
     history = training.train(model, recipe, train_batches, epochs=args.epochs,
                              steps_per_epoch=steps, run_dir=run_dir,

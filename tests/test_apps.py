@@ -220,9 +220,13 @@ def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path, capsys):
     config = {**TINY, "patch_size": 1, "resnet_layers": (1,), "resnet_width": 32}
     vk.vit(config, image_size=32, num_classes=2).save(tmp_path / "hybrid.keras")
     images = write_images(tmp_path / "images", 2, 32, seed=4)
+    (tmp_path / "figs").mkdir()  # an earlier inspect of a plain ViT, and a file of the user's
+    (tmp_path / "figs" / "filters.png").write_bytes(b"an earlier model's filters")
+    (tmp_path / "figs" / "notes.txt").write_text("mine")
     out = inspect.main([str(tmp_path / "hybrid.keras"), "--folder", str(images), "--images", "2",
-                        "--distance-images", "2", "--out", str(tmp_path / "figs")])
-    assert sorted(os.listdir(out)) == ["attention_distance.png", "inspect.json",
+                        "--distance-images", "2", "--out", str(tmp_path / "figs"),
+                        "--overwrite"])
+    assert sorted(os.listdir(out)) == ["attention_distance.png", "inspect.json", "notes.txt",
                                        "posemb_similarity.png", "rollout.png"]
     numbers = json.loads((tmp_path / "figs" / "inspect.json").read_text())
     why = "not the image's 3: a hybrid's filters are not image patches"
@@ -379,9 +383,14 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
         train.main(flags("--epochs", "1", "--num-layers", "1"))
     result = train.main(flags("--epochs", "1", "--num-layers", "1", "--overwrite"))
     assert result["epochs"] == 1
+    printed = capsys.readouterr().out
     assert "no held-out images: the run is not evaluated (pass --eval-folder or " \
-           "--validation-split N)" in capsys.readouterr().out  # a folder without --eval-folder
-    assert json.loads((run_dir / "result.json").read_text())["epochs"] == 1
+           "--validation-split N)" in printed  # a folder without --eval-folder
+    assert " for 1 epoch of 2 steps (global batch 4 over 1 replica, " in printed
+    written = json.loads((run_dir / "result.json").read_text())
+    assert written["epochs"] == 1
+    assert written["data"] == {"folder": str(images), "eval_folder": None,
+                               "validation_split": None}  # no --dataset: a folder's run
     rows = (run_dir / "history.csv").read_text().splitlines()[1:]
     assert [row.split(",")[0] for row in rows] == ["0"]  # the new run's epoch only
     assert json.loads((run_dir / "arguments.json").read_text())["num_layers"] == 1

@@ -109,10 +109,19 @@ def test_python_m_names_the_module_in_its_usage():
     assert done.stdout.startswith("usage: python -m apps.variants")
 
 
+@backend_independent
+@pytest.mark.parametrize("number, words", [(1, "1 epoch"), (8, "8 epochs"), (0, "0 epochs"),
+                                           (3744, "3,744 epochs")])
+def test_the_apps_count_in_the_plural_unless_one(number, words):
+    from apps.common import counted
+
+    assert counted(number, "epoch") == words
+
+
 def test_the_apps_choices_are_the_librarys():
     """apps.common spells the library's names so that a parser needs no Keras."""
     from apps import common
-    from vit_keras import distribute, kernels, masked, training
+    from vit_keras import distribute, export, kernels, masked, training
     from vit_keras.export.formats import FORMATS
     from vit_keras.lora import TARGETS as LORA_TARGETS
     from vit_keras.models import CLASSIFIERS
@@ -123,6 +132,7 @@ def test_the_apps_choices_are_the_librarys():
     assert common.ATTENTION_KERNELS == tuple(kernels.ATTENTION_KERNELS)
     assert common.RECIPES == tuple(sorted(training.RECIPES))
     assert common.LORA_TARGETS == tuple(LORA_TARGETS)
+    assert common.LABELS_FILE == export.LABELS_FILE
     assert common.DISTRIBUTIONS == tuple(distribute.KINDS)
     assert common.EXPORT_FORMATS == tuple(FORMATS)
     assert common.MASKED_TARGETS == tuple(masked.TARGETS)

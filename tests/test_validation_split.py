@@ -67,6 +67,7 @@ def test_train_app_scores_the_last_training_images_and_never_reads_the_test_spli
                          "--eval-every", "1", "--run-dir", str(tmp_path), *TINY_FLAGS])
     assert set(read_splits) == {"train"}
     assert "test_accuracy" not in result and result["data"]["validation_split"] == 64
+    assert result["data"]["dataset"] == "fashion_mnist" and "folder" not in result["data"]
     history = json.loads((tmp_path / "history.json").read_text())
     # the final score is the epoch's evaluation of the same 64 images, with the same weights
     assert result["validation_accuracy"] == round(history["0"]["val_accuracy"], 4)

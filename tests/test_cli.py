@@ -294,8 +294,10 @@ def test_console_script_runs_the_apps():
     done = app(command=[str(script), "variants", "--help"], cwd="/")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: vit-keras variants")
-    listing = app(command=[str(script)], cwd="/")
-    assert listing.returncode == 2 and "finetune" in listing.stdout
+    listing = app(command=[str(script)], cwd="/")  # no app named: the list, as a usage error
+    assert listing.returncode == 2 and "finetune" in listing.stderr and not listing.stdout
+    asked = app(command=[str(script), "--help"], cwd="/")
+    assert asked.returncode == 0 and asked.stdout.startswith("usage: vit-keras NAME")
 
 
 def test_pip_installs_no_top_level_apps_package(tmp_path):

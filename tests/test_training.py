@@ -470,7 +470,7 @@ def test_the_main_job_evaluates_at_the_end_unless_eval_every_asks_for_more(tmp_p
 
 @backend_independent
 @pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")
-def test_a_kept_log_gets_one_line_per_epoch_not_the_progress_bar(tmp_path, capsys):
+def test_a_kept_log_gets_a_summary_line_per_epoch_not_the_progress_bar(tmp_path, capsys):
     """Output that is not a terminal (a file, a pipe, pytest's capture) is kept: Keras' bar
     rewrites its line with carriage returns and backspaces at every step, which fill a log."""
     from apps import train

@@ -42,6 +42,12 @@ def test_attention_distance_of_identity_and_uniform_attention():
     pairwise = [np.hypot(a[0] - b[0], a[1] - b[1]) for a in centres for b in centres]
     np.testing.assert_allclose(analysis.attention_distance(uniform, grid, patch, 1),
                                np.mean(pairwise))
+    # every query on the second patch, (row 0, column 1): the patches' order is row-major
+    second = np.zeros((1, 1, tokens, tokens))
+    second[..., 1 + 1] = 1.0
+    to_second = [np.hypot(r - 0, c - 1) * patch for r, c in np.ndindex(*grid)]
+    np.testing.assert_allclose(analysis.attention_distance(second, grid, patch, 1),
+                               [np.mean(to_second)])
     model = randomize(vk.vit(TINY, image_size=32, num_classes=3))
     assert analysis.mean_attention_distance(model, images()).shape == (2, 4)
 
@@ -53,19 +59,48 @@ def test_few_shot_is_exact_on_separable_features_and_respects_shots():
     features = centres[labels] + rng.normal(0, 0.1, (160, 16))
     result = analysis.few_shot(features, labels, features, labels, shots=(1, 5), seeds=2)
     assert result == {1: 1.0, 5: 1.0}
-    with pytest.raises(ValueError):
-        analysis.few_shot(features, labels, features, labels, shots=(41,))  # only 40 a class
+    with pytest.raises(ValueError, match="41 shots of class 0, which has 40 training"):
+        analysis.few_shot(features, labels, features, labels, shots=(41,))
+
+
+def numpy_fewshot_lsr(train_x, train_y, test_x, test_y, classes, l2):
+    """big_vision's fewshot_lsr, written out: features standardised on the shots, a bias
+    feature, targets 2 * onehot - 1, ridge regression solved as a stacked least squares."""
+    mean, std = train_x.mean(axis=0), train_x.std(axis=0) + 1e-5
+    design = np.hstack([(train_x - mean) / std, np.ones((len(train_x), 1))])
+    targets = 2.0 * np.eye(classes)[train_y] - 1.0
+    width = design.shape[1]
+    weights = np.linalg.lstsq(np.vstack([design, np.sqrt(l2) * np.eye(width)]),
+                              np.vstack([targets, np.zeros((width, classes))]), rcond=None)[0]
+    scores = np.hstack([(test_x - mean) / std, np.ones((len(test_x), 1))]) @ weights
+    return float((scores.argmax(-1) == test_y).mean())
+
+
+def test_few_shot_accuracy_equals_numpy_fewshot_lsr_on_overlapping_classes():
+    rng = np.random.default_rng(3)
+    centres = rng.normal(0, 1, (3, 8))
+    train_y, test_y = np.repeat(np.arange(3), 10), np.repeat(np.arange(3), 50)
+    train_x = 5.0 + centres[train_y] + rng.normal(0, 1.5, (30, 8))  # offset: standardising
+    test_x = 5.0 + centres[test_y] + rng.normal(0, 1.5, (150, 8))  # and the bias matter
+    for l2 in (1.0, 2.0**10):
+        got = analysis.linear_fewshot_accuracy(train_x, train_y, test_x, test_y, 3, l2)
+        expected = numpy_fewshot_lsr(train_x, train_y, test_x, test_y, 3, l2)
+        assert got == expected and 0.4 < got < 1.0, (l2, got, expected)
 
 
 def test_few_shot_draws_shots_per_class_for_each_seed(monkeypatch):
-    seen = []
+    seen = []  # each draw's training rows, by the row number each feature row holds
     monkeypatch.setattr(analysis, "linear_fewshot_accuracy",
-                        lambda tx, ty, *rest: seen.append(tuple(np.bincount(ty))) or 0.5)
+                        lambda tx, ty, *rest: seen.append(tx[:, 0].astype(int)) or 0.5)
     labels = np.repeat(np.arange(3), 10)
-    features = np.random.default_rng(1).normal(size=(30, 4))
+    features = np.stack([np.arange(30), np.zeros(30)], axis=1)
     assert analysis.few_shot(features, labels, features, labels, shots=(2, 5), seeds=3) == {
         2: 0.5, 5: 0.5}
-    assert seen == [(2, 2, 2)] * 3 + [(5, 5, 5)] * 3
+    assert [tuple(np.bincount(labels[rows])) for rows in seen] == [(2, 2, 2)] * 3 + [
+        (5, 5, 5)] * 3
+    assert all(len(set(rows)) == len(rows) for rows in seen)  # no example drawn twice
+    for draws in (seen[:3], seen[3:]):  # each seed draws other examples
+        assert len({tuple(sorted(rows)) for rows in draws}) == 3
 
 
 def test_ridge_solver_equals_numpy_least_squares():
@@ -76,6 +111,16 @@ def test_ridge_solver_equals_numpy_least_squares():
     stacked_y = np.vstack([y, np.zeros((6, 3))])
     expected = np.linalg.lstsq(stacked_x, stacked_y, rcond=None)[0]
     np.testing.assert_allclose(analysis.ridge_solve(x, y, l2), expected, atol=1e-10)
+
+
+def test_position_similarity_is_numpys_cosine_similarity_on_a_rectangular_grid():
+    model = randomize(vk.vit(TINY, image_size=(32, 48), num_classes=3, posemb="learned"))
+    table = checkpoint_params(model)["Transformer/posembed_input/pos_embedding"][0, 1:]
+    unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+    similarity = analysis.position_embedding_similarity(model)  # a 4x6 grid of 8-pixel patches
+    assert similarity.shape == (4, 6, 4, 6)
+    for r, c, r2, c2 in [(0, 1, 2, 5), (3, 0, 1, 4), (1, 5, 3, 2)]:
+        assert similarity[r, c, r2, c2] == pytest.approx(unit[r * 6 + c] @ unit[r2 * 6 + c2])
 
 
 def test_sincos_position_similarity_peaks_at_itself_and_falls_with_distance():

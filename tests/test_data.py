@@ -147,6 +147,35 @@ def test_a_seeded_pipeline_crops_and_flips_the_same_images_every_time(crop):
     np.testing.assert_array_equal(first, second)
 
 
+@backend_independent
+def test_pad_crop_translates_by_at_most_its_padding():
+    """Each crop is an 8x8 window of the image reflect-padded by 2 (NumPy's "reflect" is
+    TensorFlow's REFLECT), at an offset drawn from its seed; the pipeline's crop="pad2" applies
+    it to each training image."""
+    image = np.random.default_rng(5).integers(0, 256, (8, 8, 1), dtype=np.uint8)
+    padded = np.pad(image, [(2, 2), (2, 2), (0, 0)], mode="reflect")
+    offsets = set()
+    for seed in range(30):
+        crop = data.pad_crop(tf.constant(image), 2, tf.constant([seed, 1])).numpy()
+        found = [(dy, dx) for dy in range(5) for dx in range(5)
+                 if np.array_equal(crop, padded[dy:dy + 8, dx:dx + 8])]
+        assert found, f"seed {seed}: not a window of the padded image"
+        offsets.update(found)
+    assert len(offsets) > 10, offsets  # the offsets vary, not only the centred (2, 2)
+
+    images = np.random.default_rng(6).integers(0, 256, (16, 8, 8, 1), dtype=np.uint8)
+
+    def pixels(crop):
+        batches = data.make_pipeline(data.from_arrays(images, np.arange(16)), image_size=8,
+                                     num_classes=16, batch_size=16, training=True, crop=crop,
+                                     flip=False, channels=1, seed=0)
+        x, y = next(iter(batches))
+        return x.numpy()[np.argsort(y.numpy().argmax(-1))]  # by label, undoing the shuffle
+
+    moved = np.abs(pixels("pad2") - pixels("none")).max(axis=(1, 2, 3)) > 0
+    assert moved.sum() >= 8, moved
+
+
 CLASS_VALUES = np.array([0, 80, 160, 240])  # one flat grey level per class
 
 
@@ -210,7 +239,11 @@ def test_image_folder_feeds_fit(tmp_path):
     write_folder(tmp_path)
     dataset, names = data.from_folder(str(tmp_path))
     assert names == ["cat", "dog"]
-    assert sorted(int(label) for _, label in dataset) == [0] * 5 + [1] * 5
+    written = {np.asarray(Image.open(path)).tobytes(): names.index(path.parent.name)
+               for path in tmp_path.glob("*/*.png")}
+    pairs = [(image.numpy().tobytes(), int(label)) for image, label in dataset]
+    assert sorted(label for _, label in pairs) == [0] * 5 + [1] * 5
+    assert all(written[pixels] == label for pixels, label in pairs)  # each image its class's
     fit_one_epoch(data.make_pipeline(dataset, image_size=32, num_classes=2, batch_size=4,
                                      training=True), num_classes=2)
 

@@ -80,6 +80,10 @@ def test_every_format_agrees_with_keras(trained, exported):
         assert formats[kind]["max_abs_diff_probabilities"] <= 1e-4, kind
     assert formats["tflite_float16"]["max_abs_diff_probabilities"] <= 1e-2
     _, _, images = trained
+    np.testing.assert_allclose(  # recomputed here, not the report's
+        Predictor(str(out / "model_float16.tflite"))(images[:20])["probabilities"],
+        keras.ops.convert_to_numpy(keras.ops.softmax(model(vk.preprocess(images[:20])))),
+        atol=1e-2)
     keras_top1 = keras.ops.convert_to_numpy(model(vk.preprocess(images))).argmax(-1)
     for kind, file in (("tflite_int8", "model_int8.tflite"),
                        ("tflite_dynamic_int8", "model_dynamic_int8.tflite")):
@@ -177,8 +181,12 @@ for height in {[size[0] for size in sizes]!r}:
                                    atol=1e-4)
     Image.fromarray(np.load(tmp_path / "x48.npy")[0]).save(tmp_path / "image.png")
     saved_model = str(tmp_path / "out" / "saved_model")
-    assert len(predict.main([saved_model, str(tmp_path / "image.png"), "--image-size", "48",
-                             "24"])) == 1
+    [top] = predict.main([saved_model, str(tmp_path / "image.png"), "--image-size", "48", "24",
+                          "--top-k", "1"])  # height 48, width 24: the image as it is
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(model(vk.preprocess(
+        np.load(tmp_path / "x48.npy")[:1]))))[0]
+    assert top[0][0] == str(expected.argmax()) and top[0][1] == pytest.approx(expected.max(),
+                                                                              abs=1e-4)
     with pytest.raises(ValueError, match="the model takes images of any size: give "
                                          "--image-size HEIGHT WIDTH"):
         predict.main([saved_model, str(tmp_path / "image.png")])

@@ -86,6 +86,9 @@ def test_pipeline_gives_inputs_targets_and_weights_on_the_corrupted_patches():
     assert target.shape == (4, 16) and weights.shape == (4, 16)
     assert (weights.numpy().sum(axis=1) == 8).all()
     assert not (inputs["masked"].numpy() & (weights.numpy() == 0)).any()
+    # the targets are the uncorrupted [-1, 1] images' patches, rescaled to [0, 1] for the colours
+    expected = numpy_color_class(numpy_patches((images[:4] + 1) / 2, 8).mean(axis=(2, 3)))
+    np.testing.assert_array_equal(target.numpy(), expected)
     with pytest.raises(ValueError, match="patch size 6 is not a multiple of 4"):
         masked.masked_patch_pipeline(batches, 6, target="downsized")
     with pytest.raises(ValueError, match="unknown masked-patch target 'edges'"):

@@ -167,8 +167,13 @@ def few_shot(features_train: np.ndarray, labels_train: np.ndarray, features_test
              seeds: int = 3) -> dict[int, float]:
     """Mean test accuracy over `seeds` random draws of `shots` training examples per class.
     Features are the frozen representation (see representation())."""
-    classes = np.unique(labels_train)
+    classes, counts = np.unique(labels_train, return_counts=True)
     num_classes = int(max(labels_train.max(), labels_test.max())) + 1
+    for shot in shots:
+        if shot > counts.min():
+            rarest = classes[counts.argmin()]
+            raise ValueError(f"few-shot: {shot} shots of class {rarest}, which has "
+                             f"{counts.min()} training examples")
     results = {}
     for shot in shots:
         scores = []

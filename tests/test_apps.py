@@ -1,4 +1,5 @@
 import os
+import zipfile
 from pathlib import Path
 
 import keras
@@ -99,8 +100,10 @@ def test_predict_prints_top_k_from_the_model(tmp_path, capsys):
     results = predict.main([path, str(tmp_path / "a.png"), "--top-k", "2"])
     expected = keras.ops.convert_to_numpy(keras.ops.softmax(model(vk.preprocess(pixels[None]))))
     best = int(expected[0].argmax())
-    assert results[0][0] == (["cat", "dog"][best], pytest.approx(float(expected[0, best]),
-                                                                 abs=1e-5))
+    assert results[0] == [(["cat", "dog"][best], pytest.approx(float(expected[0, best]),
+                                                               abs=1e-5)),
+                          (["cat", "dog"][1 - best], pytest.approx(float(expected[0, 1 - best]),
+                                                                   abs=1e-5))]
     assert "a.png: " in capsys.readouterr().out
     (tmp_path / "labels.txt").unlink()  # a model saved by hand, without its run's labels
     numbered = predict.main([path, str(tmp_path / "a.png"), "--top-k", "2"])
@@ -140,6 +143,31 @@ def write_images(root, per_class, size, seed):
             Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(
                 root / name / f"{i}.png")
     return root
+
+
+@backend_independent
+def test_classification_report_counts_as_a_loop_over_the_images_does():
+    from vit_keras.evaluation import classification_report
+
+    rng = np.random.default_rng(9)
+    labels = np.repeat(np.arange(7), [9, 3, 1, 6, 2, 5, 4])  # unequal classes: recall, not
+    logits = rng.normal(size=(len(labels), 7))  # precision, is each class's accuracy
+    logits[np.arange(0, len(labels), 3), labels[::3]] += 2.0  # some right, many wrong
+    names = [f"c{k}" for k in range(7)]
+    report = classification_report(logits, labels, names)
+    top1 = top5 = 0
+    matrix = np.zeros((7, 7), int)
+    for row, label in zip(logits, labels, strict=True):
+        ranked = sorted(range(7), key=lambda k: -row[k])
+        top1 += ranked[0] == label
+        top5 += label in ranked[:5]
+        matrix[label, ranked[0]] += 1
+    assert report["confusion_matrix"] == matrix.tolist()
+    assert report["top1"] == pytest.approx(top1 / len(labels))
+    assert report["top5"] == pytest.approx(top5 / len(labels)) and report["top5"] < 1.0
+    for k, name in enumerate(names):
+        assert report["per_class"][name] == pytest.approx(matrix[k, k] / matrix[k].sum())
+    assert len({round(value, 6) for value in report["per_class"].values()}) > 3
 
 
 def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
@@ -196,9 +224,14 @@ def test_inspect_writes_valid_pngs(tmp_path):
 
     from PIL import Image
 
+    import vit_keras as vk
     from apps import inspect
+    from tests.conftest import randomize
+    from vit_keras import analysis, data
+    from vit_keras.preprocessing import preprocess
 
-    _, path = saved_tiny_model(tmp_path)
+    path = str(tmp_path / "model.keras")  # weights large enough for attention that varies
+    randomize(vk.vit(TINY, image_size=32, num_classes=2), scale=0.5).save(path)
     images = write_images(tmp_path / "images", 3, 32, seed=3)
     out = inspect.main([path, "--folder", str(images), "--images", "3",
                         "--distance-images", "6", "--out", str(tmp_path / "figs")])
@@ -208,7 +241,12 @@ def test_inspect_writes_valid_pngs(tmp_path):
         with Image.open(os.path.join(out, name)) as png:
             assert png.format == "PNG" and png.size == size, (name, png.size)
     numbers = json.loads((tmp_path / "figs" / "inspect.json").read_text())
-    assert np.array(numbers["mean_attention_distance"]).shape == (2, 4)
+    measured = data.sample_images(data.from_folder(str(images))[0], (32, 32), 3, 6)
+    assert len(measured) == 6  # --distance-images, not the 3 --images drawn
+    expected = analysis.mean_attention_distance(keras.saving.load_model(path),
+                                                preprocess(measured))
+    np.testing.assert_allclose(numbers["mean_attention_distance"], expected.round(3),
+                               atol=1e-3)
 
 
 def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path, capsys):
@@ -257,6 +295,10 @@ def test_finetune_resamples_a_checkpoint_to_a_new_resolution(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "resampled Transformer/posembed_input/pos_embedding: grid 4x4 -> 6x6" in printed
     assert "zero-initialised (new head)" in printed
+    with zipfile.ZipFile(tmp_path / "run" / "model.keras") as saved:  # --grad-accum, --ema
+        optimizer = json.loads(saved.read("config.json"))["compile_config"]["optimizer"]
+    assert optimizer["config"]["gradient_accumulation_steps"] == 2
+    assert optimizer["config"]["use_ema"] and optimizer["config"]["ema_momentum"] == 0.99
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert list(history) == ["0"]
     assert (tmp_path / "run" / "labels.txt").read_text().split() == ["cat", "dog"]

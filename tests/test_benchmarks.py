@@ -179,8 +179,10 @@ def test_bench_times_the_matmul_peak_in_the_inference_turns():
 
     order = []
     runners = {name: {"params": 1, "jit_compile": False,
-                      "infer": lambda name=name: order.append(name),
-                      "latency": lambda: None, "train": lambda: None} for name in "ab"}
+                      "infer": lambda name=name: order.append(name) or (
+                          time.sleep(0.02) if name == "a" else None),
+                      "latency": lambda: None, "train": lambda: time.sleep(0.01)}
+               for name in "ab"}
 
     def matmul():
         order.append("matmul-keras")
@@ -192,6 +194,9 @@ def test_bench_times_the_matmul_peak_in_the_inference_turns():
     # 1e9 FLOP in no less than 0.02 s: at most 50 GFLOP/s (a loaded machine sleeps longer).
     assert 10 < peaks["keras"] <= 50
     assert set(measured) == {"a", "b"}
+    # 4 images in no less than 0.02 s: at most 200 images a second, likewise 400 to train
+    assert 40 < measured["a"]["infer_images_s"] <= 200
+    assert 80 < measured["a"]["train_images_s"] <= 400
 
 
 @backend_independent
@@ -479,23 +484,34 @@ def test_every_block_renders_and_an_unknown_block_fails_loudly():
 
 @backend_independent
 def test_revisions_compares_two_trees_taking_turns(tmp_path):
-    """Both trees are this checkout: the comparison runs, alternates, and reads each tree's
-    vit_keras."""
+    """The tree before is a copy of this checkout's vit_keras, the tree after this checkout:
+    the comparison runs, alternates, reads each tree's vit_keras, and summarises each tree's
+    own runs."""
+    import shutil
+    import statistics
+
     from benchmarks import revisions
 
-    report = revisions.main(["--before", str(ROOT), "--after", str(ROOT), "--smoke",
+    copy = tmp_path / "before"
+    shutil.copytree(ROOT / "vit_keras", copy / "vit_keras",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    report = revisions.main(["--before", str(copy), "--after", str(ROOT), "--smoke",
                              "--rounds", "2", "--samples", "2", "--warmup", "1",
                              "--json", str(tmp_path / "revisions.json")])
     assert [(r["round"], r["tree"]) for r in report["runs"]] == [
         (0, "before"), (0, "after"), (1, "after"), (1, "before")]
+    trees = {"before": copy.resolve(), "after": ROOT.resolve()}
     for run in report["runs"]:
         assert run["backend"] == keras.backend.backend()
-        assert Path(run["vit_keras"]).parent.parent == ROOT.resolve()
+        assert Path(run["vit_keras"]).parent.parent == trees[run["tree"]]
         assert run["params"] == smoke_params() and len(run["infer_s"]) == 2
     [summary] = report["summary"]
     assert summary["variant"] == "smoke" and summary["batch"] == 2
     for kind in ("infer", "train"):
-        assert summary[kind]["before_images_s"] > 0 and summary[kind]["after_images_s"] > 0
+        for tree in trees:  # images per second: the batch over each run's median seconds
+            rates = [2 / statistics.median(run[f"{kind}_s"]) for run in report["runs"]
+                     if run["tree"] == tree]
+            assert summary[kind][f"{tree}_images_s"] == pytest.approx(statistics.median(rates))
         assert summary[kind]["ratio"] == pytest.approx(
             summary[kind]["after_images_s"] / summary[kind]["before_images_s"])
     assert json.loads((tmp_path / "revisions.json").read_text())["summary"] == report["summary"]
@@ -549,6 +565,9 @@ def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
                               "--out", str(tmp_path)])
     assert report["token_ratio"] == round(100 / 49, 3)
     assert report["runs"]["40px"]["epochs"] == 1 and report["runs"]["28px"]["epochs"] == 2
+    for size in (40, 28):  # each run trained its own size
+        model = keras.saving.load_model(report["runs"][f"{size}px"]["model"], compile=False)
+        assert tuple(model.input.shape[1:3]) == (size, size)
 
 
 def finish_run(flags: list[str], what: str, result: dict, history: dict) -> None:

@@ -137,9 +137,18 @@ def test_two_jax_processes_train_together_like_one_device(tmp_path, jax_data_par
 def test_jax_model_parallel_shards_heads_and_mlp_and_trains_like_one_device(tmp_path):
     [(code, err)] = run_workers("jax-model-parallel", [tmp_path / "w.npz"])
     assert code == 0, err[-3000:]
-    specs = ast.literal_eval((tmp_path / "w.txt").read_text())
-    assert specs == {"query": (None, "model", None), "dense_0": (None, "model"),
-                     "norm": (None,), "replicas": 2}
+    written = ast.literal_eval((tmp_path / "w.txt").read_text())
+    assert written["replicas"] == 2
+    attention, mlp = "MultiHeadDotProductAttention_1/", "MlpBlock_3/"
+    split = {**{f"{attention}{name}/kernel": (None, "model", None)  # heads
+                for name in ("query", "key", "value")},
+             **{f"{attention}{name}/bias": ("model", None) for name in ("query", "key", "value")},
+             f"{attention}out/kernel": ("model", None, None),
+             f"{mlp}Dense_0/kernel": (None, "model"), f"{mlp}Dense_0/bias": ("model",),
+             f"{mlp}Dense_1/kernel": ("model", None)}  # hidden units
+    replicated = [f"{attention}out/bias", f"{mlp}Dense_1/bias",
+                  *(f"LayerNorm_{i}/{name}" for i in (0, 2) for name in ("gamma", "beta"))]
+    assert written["specs"] == {**split, **{path: (None,) for path in replicated}}
     assert_same_training(tmp_path / "w.npz")
 
 

@@ -49,8 +49,9 @@ def test_other_size_equals_a_fixed_model_loaded_with_resampled_embeddings(
     dynamic, _ = dynamic_and_fixed(config, posemb=posemb, classifier=classifier)
     vk.save_npz(dynamic, tmp_path / "weights.npz")
     dynamic.save(tmp_path / "model.keras")
+    # (16, 64): a 2x8 grid, as many patches as the built 4x4 one, resampled all the same
     for size, file in [((48, 40), "weights.npz"), ((16, 24), "model.keras"),
-                       ((64, 64), "model.keras")]:
+                       ((64, 64), "model.keras"), ((16, 64), "weights.npz")]:
         fixed = vk.vit(config, image_size=size, num_classes=5, posemb=posemb,
                        classifier=classifier)
         report = vk.load_weights(fixed, str(tmp_path / file))

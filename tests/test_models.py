@@ -185,6 +185,14 @@ def test_stochastic_depth_rises_linearly_and_drops_whole_samples():
     assert np.all(per_sample.min(axis=1) == per_sample.max(axis=1))  # whole samples
     assert abs(dropped[:, 0].mean() - 0.25) < 0.03
     assert block._drop_path_scale(branch, training=False) is None  # the branch as it is
+    # in the block: a sample whose two branches are both dropped (a quarter at rate 0.5)
+    # leaves it as it came, the others do not
+    tokens = np.random.default_rng(2).normal(size=(400, 5, 32)).astype("float32")
+    block = randomize_layer(vk.layers.TransformerBlock(num_heads=4, mlp_dim=64,
+                                                       drop_path_rate=0.5, seed=3), (400, 5, 32))
+    unchanged = np.all(np.isclose(keras.ops.convert_to_numpy(block(tokens, training=True)),
+                                  tokens, atol=1e-6), axis=(1, 2))
+    assert 0.15 < unchanged.mean() < 0.35, unchanged.mean()
 
 
 def test_dropout_only_in_training():
@@ -497,6 +505,15 @@ def test_dropout_in_training_still_drops_on_the_general_path():
         trained = keras.ops.convert_to_numpy(block(tokens, training=True))
         inferred = keras.ops.convert_to_numpy(block(tokens, training=False))
         assert (np.abs(trained - inferred).max() > 1e-3) == differs, rates
+    # one branch silenced (its last projection zero): the other's dropout alone still drops
+    for branch, projection in (("mlp", "dense_1"), ("attention", "out")):
+        block = randomize_layer(vk.layers.TransformerBlock(
+            num_heads=4, mlp_dim=64, dropout_rate=0.5, seed=1), (2, 17, 32))
+        for weight in getattr(getattr(block, branch), projection).weights:
+            weight.assign(np.zeros(weight.shape, "float32"))
+        trained = keras.ops.convert_to_numpy(block(tokens, training=True))
+        inferred = keras.ops.convert_to_numpy(block(tokens, training=False))
+        assert np.abs(trained - inferred).max() > 1e-3, branch
 
 
 def test_images_with_other_channels_than_the_model_are_one_line_naming_both():

@@ -16,6 +16,13 @@ def test_slow():
 @pytest.mark.over_budget(reason="measured on purpose")
 def test_slow_but_marked():
     time.sleep(0.3)
+
+@pytest.fixture
+def slow_to_set_up():
+    time.sleep(0.15)
+
+def test_slow_in_its_fixture_and_its_body(slow_to_set_up):
+    time.sleep(0.15)
 """
 
 
@@ -27,15 +34,16 @@ def run_inner(pytester, monkeypatch, *args):
 
 def test_a_test_over_the_budget_fails_the_suite_and_is_named(pytester, monkeypatch):
     result = run_inner(pytester, monkeypatch)
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     section = result.stdout.str().split("tests over the 0.2 s budget")[1]
-    assert "test_inner.py::test_slow" in section
+    assert "test_inner.py::test_slow " in section
+    assert "test_inner.py::test_slow_in_its_fixture_and_its_body" in section  # set-up counts
     assert "test_slow_but_marked" not in section and "test_quick" not in section
 
 
 def test_a_suite_within_the_budget_passes(pytester, monkeypatch):
     result = run_inner(pytester, monkeypatch, "-k", "quick or marked")
-    result.assert_outcomes(passed=2, deselected=1)
+    result.assert_outcomes(passed=2, deselected=2)
     assert result.ret == pytest.ExitCode.OK
-    assert "budget" not in result.stdout.str().split("passed")[-1]
+    assert "tests over the" not in result.stdout.str()

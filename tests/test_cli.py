@@ -171,6 +171,8 @@ MISTAKES = [
      "'out' exists; pass --overwrite"),
     (["apps.inspect", "model.keras", "corrupt.png", "--out", "out"], "cannot read image file"),
     (["apps.train", "--epochs", "-3"], "expected a positive whole number, got '-3'"),
+    (["apps.train", "--batch-size", "0"],
+     "argument --batch-size: expected a positive whole number, got '0'"),
     (["apps.train", "--eval-every", "-1"], "expected a whole number of at least 0, got '-1'"),
     (["apps.train", "--resnet-layers", "0"], "expected 'none', 'stem' or positive whole numbers "
                                              "separated by commas (units per ResNet stage, e.g. "

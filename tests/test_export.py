@@ -239,6 +239,25 @@ def test_wrong_input_shape_is_refused(exported):
     with pytest.raises(ValueError, match=r"expected uint8 images of shape \(batch, 32, 32, 3\), "
                                          r"got float32 \(1, 28, 28, 3\)"):
         predictor(np.zeros((1, 28, 28, 3), np.float32))
+    with pytest.raises(ValueError, match=r"got float32 \(1, 32, 32, 3\)"):  # [-1, 1] floats
+        predictor(np.zeros((1, 32, 32, 3), np.float32))
+
+
+@in_tensorflow_pass
+def test_an_export_past_its_tolerance_is_refused_by_name(trained, tmp_path):
+    """A format that fails its check raises, names itself, and is marked in the report (a
+    top-1 agreement above 1 cannot be met)."""
+    from vit_keras import export
+
+    _, model, test_images = trained
+    with pytest.raises(export.ExportVerificationError,
+                       match="exports past their tolerance: tflite_float32 "):
+        export.export_all(model, str(tmp_path / "out"), test_images[:8],
+                          formats=("tflite_float32",),
+                          tolerances={"tflite_float32": (None, 1.01)})
+    report = json.loads((tmp_path / "out" / "export_report.json").read_text())
+    assert report["formats"]["tflite_float32"]["passed"] is False
+    assert report["formats"]["tflite_float32"]["top1_agreement"] == 1.0
 
 
 HYBRID = {**TINY, "patch_size": 1, "resnet_layers": (1,), "resnet_width": 32}

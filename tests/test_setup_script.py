@@ -65,6 +65,17 @@ def test_a_venv_set_up_for_as_much_or_more_is_kept(tmp_path):
 
 
 @backend_independent
+def test_a_venv_stamped_for_other_requirements_is_set_up_again(tmp_path):
+    """pyproject.toml or setup.sh changed since the stamp (another hash): pip runs."""
+    folder, digest = checkout_with_venv(tmp_path, None)
+    (folder / ".venv" / "setup-stamp").write_text(f"{'0' * len(digest)} test\n")
+    done = setup(folder, "main")
+    assert done.returncode == 0, done.stderr
+    assert calls(folder) == ["-m pip install --quiet -e .[cpu,jax,torch]"]
+    assert (folder / ".venv" / "setup-stamp").read_text().split() == [digest, "main"]
+
+
+@backend_independent
 def test_an_unknown_purpose_is_refused_by_name(tmp_path):
     folder, _ = checkout_with_venv(tmp_path, None)
     done = setup(folder, "everything")

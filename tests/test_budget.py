@@ -37,9 +37,10 @@ def test_a_test_over_the_budget_fails_the_suite_and_is_named(pytester, monkeypat
     result.assert_outcomes(passed=4)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     section = result.stdout.str().split("tests over the 0.2 s budget")[1]
-    assert "test_inner.py::test_slow " in section
-    assert "test_inner.py::test_slow_in_its_fixture_and_its_body" in section  # set-up counts
-    assert "test_slow_but_marked" not in section and "test_quick" not in section
+    named = {line.split()[-1] for line in section.splitlines() if "::" in line}
+    # the marked one is let through; a fixture's set-up counts with the test's body
+    assert named == {"test_inner.py::test_slow",
+                     "test_inner.py::test_slow_in_its_fixture_and_its_body"}
 
 
 def test_a_suite_within_the_budget_passes(pytester, monkeypatch):

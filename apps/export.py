@@ -55,7 +55,11 @@ def data_source(args) -> dict:
     if not recorded:
         raise ValueError(f"no data to verify the export on: {result!r} does not say what "
                          f"{args.model!r} was trained on; pass --dataset or --folder")
-    return recorded
+    if recorded.get("folder"):  # a folder's run: its held-out folder, else its own images
+        return {"dataset": None, "folder": recorded["folder"],
+                "eval_folder": recorded.get("eval_folder") or recorded["folder"],
+                "data_dir": None, "train_split": "train", "eval_split": "test"}
+    return {**recorded, "data_dir": args.data_dir or recorded.get("data_dir")}
 
 
 def images_for(source: dict, model, split: str, count: int):

@@ -433,6 +433,11 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
     assert written["epochs"] == 1
     assert written["data"] == {"folder": str(images), "eval_folder": None,
                                "validation_split": None}  # no --dataset: a folder's run
+    from apps import export as export_app  # which export verifies on, from that record
+
+    source = export_app.data_source(export_app.build_parser().parse_args(
+        [str(run_dir / "model.keras")]))
+    assert (source["folder"], source["eval_folder"]) == (str(images), str(images))
     rows = (run_dir / "history.csv").read_text().splitlines()[1:]
     assert [row.split(",")[0] for row in rows] == ["0"]  # the new run's epoch only
     assert json.loads((run_dir / "arguments.json").read_text())["num_layers"] == 1

@@ -11,7 +11,7 @@ import pytest
 import vit_keras as vk
 from apps import export as export_app
 from apps import predict
-from tests.conftest import TINY, in_tensorflow_pass, randomize
+from tests.conftest import TINY, backend_independent, in_tensorflow_pass, randomize
 from tests.conftest import images as random_images
 from vit_keras.export import ClassTokenFolded, Predictor
 
@@ -241,6 +241,19 @@ def test_wrong_input_shape_is_refused(exported):
         predictor(np.zeros((1, 28, 28, 3), np.float32))
     with pytest.raises(ValueError, match=r"got float32 \(1, 32, 32, 3\)"):  # [-1, 1] floats
         predictor(np.zeros((1, 32, 32, 3), np.float32))
+
+
+@backend_independent
+def test_export_verifies_on_the_dataset_its_run_recorded(tmp_path):
+    """A dataset's run as apps.train records it; --data-dir alone moves where its files are."""
+    from apps import export as export_app
+
+    recorded = {"dataset": "fashion_mnist", "data_dir": "/old", "train_split": "train",
+                "eval_split": "test", "validation_split": None}
+    (tmp_path / "result.json").write_text(json.dumps({"data": recorded}))
+    for flags, data_dir in (([], "/old"), (["--data-dir", "/new"], "/new")):
+        args = export_app.build_parser().parse_args([str(tmp_path / "model.keras"), *flags])
+        assert export_app.data_source(args) == {**recorded, "data_dir": data_dir}
 
 
 @in_tensorflow_pass

@@ -26,7 +26,8 @@ def usage() -> str:
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):  # without a name: a usage error, as argparse's
+    if not argv or argv[0] in ("-h", "--help"):
+        # asked for, on stdout; without an app name, a usage error, as argparse's
         print(usage(), file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
     name, rest = argv[0], argv[1:]

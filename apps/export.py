@@ -40,13 +40,20 @@ def build_parser():
     return parser
 
 
+def image_source(dataset=None, folder=None, eval_folder=None, data_dir=None,
+                 train_split="train", eval_split="test") -> dict:
+    """Every key images_for reads: a folder's images (eval_folder for the held-out ones), else
+    a dataset's splits."""
+    return {"dataset": dataset, "folder": folder, "eval_folder": eval_folder,
+            "data_dir": data_dir, "train_split": train_split, "eval_split": eval_split}
+
+
 def data_source(args) -> dict:
     """Where the verification and calibration images come from: the flags, else the data
     the model's training run recorded in result.json beside it."""
     if args.dataset or args.folder:
-        return {"dataset": args.dataset or "fashion_mnist", "folder": args.folder,
-                "eval_folder": args.folder, "data_dir": args.data_dir,
-                "train_split": "train", "eval_split": "test"}
+        return image_source(args.dataset or "fashion_mnist", args.folder, args.folder,
+                            args.data_dir)
     result = os.path.join(os.path.dirname(os.path.abspath(args.model)), "result.json")
     recorded = {}
     if os.path.exists(result):
@@ -56,10 +63,11 @@ def data_source(args) -> dict:
         raise ValueError(f"no data to verify the export on: {result!r} does not say what "
                          f"{args.model!r} was trained on; pass --dataset or --folder")
     if recorded.get("folder"):  # a folder's run: its held-out folder, else its own images
-        return {"dataset": None, "folder": recorded["folder"],
-                "eval_folder": recorded.get("eval_folder") or recorded["folder"],
-                "data_dir": None, "train_split": "train", "eval_split": "test"}
-    return {**recorded, "data_dir": args.data_dir or recorded.get("data_dir")}
+        return image_source(folder=recorded["folder"],
+                            eval_folder=recorded.get("eval_folder") or recorded["folder"])
+    return image_source(recorded["dataset"], data_dir=args.data_dir or recorded.get("data_dir"),
+                        train_split=recorded.get("train_split", "train"),
+                        eval_split=recorded.get("eval_split", "test"))
 
 
 def images_for(source: dict, model, split: str, count: int):
@@ -67,7 +75,7 @@ def images_for(source: dict, model, split: str, count: int):
     whose class count is not the model's."""
     from vit_keras import data, intermediates
 
-    folder = source["folder"] if split == "train" else source.get("eval_folder")
+    folder = source["folder"] if split == "train" else source["eval_folder"]
     dataset, names = data.load_source(source["dataset"], source[f"{split}_split"], folder,
                                       source.get("data_dir"))
     classes = model.outputs[0].shape[-1]

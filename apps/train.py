@@ -51,8 +51,8 @@ MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 8, 20
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
 MAIN_JOB_JIT_COMPILE = {"tensorflow": "true"}
 JIT_COMPILE = {"auto": "auto", "true": True, "false": False}
-# Where the data came from, kept in result.json for the apps that read the run later.
-# The flags that choose a run's data (result.json's "data"): a folder's, or a dataset's.
+# The flags that choose a run's data, kept in result.json's "data" for the apps that read the
+# run later (export): a folder's, or a dataset's.
 FOLDER_FLAGS = ("folder", "eval_folder", "validation_split")
 DATASET_FLAGS = ("dataset", "data_dir", "train_split", "eval_split", "validation_split")
 # What a run writes into its folder (vit_keras.training.callbacks, write_results, apps.pretrain),

@@ -77,7 +77,7 @@ def images_for(source: dict, model, split: str, count: int):
 
     folder = source["folder"] if split == "train" else source["eval_folder"]
     dataset, names = data.load_source(source["dataset"], source[f"{split}_split"], folder,
-                                      source.get("data_dir"))
+                                      source["data_dir"])
     classes = model.outputs[0].shape[-1]
     if names and len(names) != classes:
         raise ValueError(f"the data has {len(names)} classes but the model has {classes}: "

@@ -375,10 +375,11 @@ def run_training(args) -> dict:
     if eval_batches is None:
         print("no held-out images: the run is not evaluated (pass --eval-folder or "
               "--validation-split N)")
+    replicas = counted(distribution.num_replicas, "replica")
     print(f"training {model.name} ({model.count_params():,} parameters) with recipe "
           f"{args.recipe} for {counted(args.epochs, 'epoch')} of {counted(steps, 'step')} "
-          f"(global batch {args.batch_size} over {counted(distribution.num_replicas, 'replica')}"
-          f", distribution {distribution.kind}, jit_compile {args.jit_compile}); run dir {run_dir}")
+          f"(global batch {args.batch_size} over {replicas}, distribution "
+          f"{distribution.kind}, jit_compile {args.jit_compile}); run dir {run_dir}")
     fit_started = time.time()
     history = training.train(model, recipe, train_batches, epochs=args.epochs,
                              steps_per_epoch=steps, run_dir=run_dir,

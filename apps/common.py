@@ -64,6 +64,11 @@ class AppParser(argparse.ArgumentParser):
         import_keras(verbose=parsed.verbose)
         return parsed
 
+    def error(self, message):
+        """A mistaken flag in one line, as the apps' other mistakes, without the usage block
+        (argparse's) that can run to dozens of lines."""
+        self.exit(2, f"{self.prog}: error: {message}; --help lists the flags\n")
+
 
 def import_keras(verbose: bool) -> None:
     """Imports vit_keras, which loads what must come before TensorFlow (Triton's library, and

@@ -240,6 +240,7 @@ def test_a_mistake_ends_with_one_clear_line_and_no_traceback(mistakes, argv, mes
     done = mistakes[message[:30]]
     assert done["code"] == 2, done
     assert message in done["stderr"]
+    assert done["stderr"].count("\n") == 1, done["stderr"]  # one line: no usage block either
     assert "Traceback" not in done["stderr"]
     assert (done["folder"] / "out" / "keep.txt").read_text() == "mine"  # nothing overwritten
     assert not (done["folder"] / "runs").exists()  # nor a run folder begun

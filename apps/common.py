@@ -20,8 +20,8 @@ NO_RESNET, STEM_ONLY = "none", "stem"
 # How the usage line names a program; the console script sets "vit-keras {name}".
 PROG = "python -m apps.{name}"
 # The class names a training run writes beside its model, one a line, which export and predict
-# read from there (vit_keras.export.LABELS_FILE).
-LABELS_FILE = "labels.txt"
+# read from there (vit_keras.export.LABELS_FILE); and its results, the data it read among them.
+LABELS_FILE, RESULT_FILE = "labels.txt", "result.json"
 # A user's mistake: reported in one line, without a traceback (--debug shows it); an export
 # that fails its verification is one too (user_errors).
 USER_ERRORS = (ValueError, OSError, zipfile.BadZipFile)
@@ -139,9 +139,11 @@ def user_errors() -> tuple[type, ...]:
     return USER_ERRORS + ((export.ExportVerificationError,) if export else ())
 
 
-def labels_beside(model_path: str) -> str:
-    """The labels file a training run left beside its model file."""
-    return os.path.join(os.path.dirname(os.path.abspath(model_path)), LABELS_FILE)
+def beside_model(model_path: str, name: str = "") -> str:
+    """The path of `name` in the model file's folder (the folder itself for no name): where a
+    training run left its labels and results, and where the apps write theirs by default."""
+    folder = os.path.dirname(os.path.abspath(model_path))
+    return os.path.join(folder, name) if name else folder
 
 
 def counted(number: int, noun: str) -> str:

@@ -8,7 +8,7 @@ vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --f
 import json
 import os
 
-from .common import add_data_arguments, app_parser, load_model, positive_int, run
+from .common import add_data_arguments, app_parser, beside_model, load_model, positive_int, run
 
 
 def main(argv=None):
@@ -44,7 +44,7 @@ def main(argv=None):
                                  training=False, channels=model.input.shape[-1])
     report = evaluation.classification_report(*evaluation.predict_labels(model, batches), names)
     report["quantization"] = args.quantize
-    out = args.out or os.path.dirname(os.path.abspath(args.model))
+    out = args.out or beside_model(args.model)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "evaluation.json"), "w") as file:
         json.dump(report, file, indent=1)

@@ -12,9 +12,11 @@ import sys
 
 from .common import (
     EXPORT_FORMATS,
+    LABELS_FILE,
+    RESULT_FILE,
     add_data_arguments,
     app_parser,
-    labels_beside,
+    beside_model,
     load_model,
     positive_int,
     run,
@@ -54,7 +56,7 @@ def data_source(args) -> dict:
     if args.dataset or args.folder:
         return image_source(args.dataset or "fashion_mnist", args.folder, args.folder,
                             args.data_dir)
-    result = os.path.join(os.path.dirname(os.path.abspath(args.model)), "result.json")
+    result = beside_model(args.model, RESULT_FILE)
     recorded = {}
     if os.path.exists(result):
         with open(result) as file:
@@ -105,10 +107,10 @@ def main(argv=None):
     if keras.backend.backend() != "tensorflow":
         return export_under_tensorflow(argv)
     model = load_model(args.model)
-    name = args.name or os.path.basename(os.path.dirname(os.path.abspath(args.model)))
+    name = args.name or os.path.basename(beside_model(args.model))
     out = args.out or os.path.join("savedmodels", name)
     export.check_output_folder(out, args.overwrite)  # before the data is read
-    labels_file = labels_beside(args.model)
+    labels_file = beside_model(args.model, LABELS_FILE)
     labels = open(labels_file).read().splitlines() if os.path.exists(labels_file) else None
     source = data_source(args)
     samples = images_for(source, model, "eval", args.samples)

@@ -11,7 +11,15 @@ import os
 import matplotlib
 import numpy as np
 
-from .common import add_data_arguments, app_parser, image_paths, load_model, positive_int, run
+from .common import (
+    add_data_arguments,
+    app_parser,
+    beside_model,
+    image_paths,
+    load_model,
+    positive_int,
+    run,
+)
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -89,7 +97,7 @@ def build_parser():
 
 
 def output_folder(args) -> str:
-    out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.model)), "inspect")
+    out = args.out or beside_model(args.model, "inspect")
     if os.path.isdir(out) and os.listdir(out) and not args.overwrite:
         raise FileExistsError(f"output folder {out!r} holds files already; pass --overwrite "
                               "or another --out")

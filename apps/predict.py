@@ -9,7 +9,7 @@ hold one name per class of the model.
 
 import os
 
-from .common import app_parser, image_paths, labels_beside, positive_int, run
+from .common import LABELS_FILE, app_parser, beside_model, image_paths, positive_int, run
 
 
 def read_labels(path: str, count: int, given: bool) -> list[str]:
@@ -59,8 +59,8 @@ def main(argv=None):
     size = args.image_size or size
     pixels = data.load_image_files(paths, tuple(size), channels)
     probabilities = model(pixels)["probabilities"]
-    labels = read_labels(args.labels or labels_beside(args.model), probabilities.shape[-1],
-                         bool(args.labels))
+    labels = read_labels(args.labels or beside_model(args.model, LABELS_FILE),
+                         probabilities.shape[-1], bool(args.labels))
     results = []
     for path, row in zip(paths, probabilities, strict=True):
         best = np.argsort(-row)[:args.top_k]

@@ -17,7 +17,15 @@ import os
 import time
 
 from . import train
-from .common import MASKED_TARGETS, NO_RESNET, counted, fit_progress, model_config, run
+from .common import (
+    MASKED_TARGETS,
+    NO_RESNET,
+    RESULT_FILE,
+    counted,
+    fit_progress,
+    model_config,
+    run,
+)
 
 OBJECTIVES = ("masked-patch",)
 
@@ -100,7 +108,7 @@ def main(argv=None):
               "accuracy": round(last["accuracy"], 4) if "accuracy" in last else None,
               "fit_seconds": round(fit_seconds, 1), "save_seconds": round(save_seconds, 1),
               "total_seconds": round(time.time() - started, 1), "backbone": path}
-    with open(os.path.join(run_dir, "result.json"), "w") as file:
+    with open(os.path.join(run_dir, RESULT_FILE), "w") as file:
         json.dump(result, file, indent=1)
     print(json.dumps(result, indent=1))
     return result

@@ -23,6 +23,7 @@ from .common import (
     LORA_TARGETS,
     NO_RESNET,
     RECIPES,
+    RESULT_FILE,
     add_data_arguments,
     add_model_arguments,
     app_parser,
@@ -59,7 +60,7 @@ DATASET_FLAGS = ("dataset", "data_dir", "train_split", "eval_split", "validation
 # the arguments it was started with first.
 ARGUMENTS_FILE = "arguments.json"
 RUN_FILES = (ARGUMENTS_FILE, "history.json", "history.csv", "backup", "last.keras",
-             "checkpoints", "logs", "model.keras", "backbone.keras", LABELS_FILE, "result.json")
+             "checkpoints", "logs", "model.keras", "backbone.keras", LABELS_FILE, RESULT_FILE)
 # Flags that leave what a run computes unchanged.
 NOT_RUN_ARGUMENTS = ("debug", "verbose", "overwrite", "run_dir", "keep_checkpoints")
 
@@ -193,13 +194,13 @@ def finished_result(argv: list[str]) -> dict | None:
     args = build_parser().parse_args(argv)
     fill_defaults(args)
     run_dir = run_dir_of(args)
-    if not os.path.exists(os.path.join(run_dir, "result.json")):
+    if not os.path.exists(os.path.join(run_dir, RESULT_FILE)):
         return None
     differ = argument_changes(run_dir, run_arguments(args))
     if differ:
         raise FileExistsError(f"run folder {run_dir!r} holds a finished run with other "
                               f"arguments ({'; '.join(differ)})")
-    with open(os.path.join(run_dir, "result.json")) as file:
+    with open(os.path.join(run_dir, RESULT_FILE)) as file:
         return json.load(file)
 
 
@@ -218,7 +219,7 @@ def claim_run_dir(args, run_dir: str) -> None:
                 shutil.rmtree(path)
             else:
                 os.remove(path)
-    elif "result.json" in present:
+    elif RESULT_FILE in present:
         raise FileExistsError(f"run folder {run_dir!r} holds a finished run (result.json)"
                               + again)
     elif ARGUMENTS_FILE not in present:
@@ -341,7 +342,7 @@ def write_results(args, run_dir, model, names, num_classes, history, eval_batche
     result["total_seconds"] = round(time.time() - started, 1)
     result["data"] = {key: getattr(args, key)
                       for key in (FOLDER_FLAGS if args.folder else DATASET_FLAGS)}
-    with open(os.path.join(run_dir, "result.json"), "w") as file:
+    with open(os.path.join(run_dir, RESULT_FILE), "w") as file:
         json.dump(result, file, indent=1)
     print(json.dumps(result, indent=1))
     print(f"model: {model_path}; history: {os.path.join(run_dir, 'history.csv')}; "

@@ -10,6 +10,8 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
 # The variables that cap the vector extensions PyTorch's own kernels, oneDNN and MKL use: an
 # AVX-512 CPU run with them set to AVX2 stands in for an AVX2 one (docs/mainjob.md).
 ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+# glibc's allocator settings, which scripts/main.sh sets: a step's time depends on them.
+ALLOCATOR_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 @functools.cache
@@ -51,7 +53,8 @@ def describe_host() -> dict:
             "memory_gib": round(memory, 1),
             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            **{name: os.environ[name] for name in ISA_CAPS if name in os.environ}}
+            **{name: os.environ[name] for name in (*ISA_CAPS, *ALLOCATOR_SETTINGS)
+               if name in os.environ}}
 
 
 def describe_machine() -> dict:
@@ -63,7 +66,7 @@ def machine_line(machine: dict) -> str:
     isa = ", ".join(machine["isa"]) or "none of " + ", ".join(ISA_FLAGS)
     line = (f"{machine['cpu']}, {machine['logical_cores']} logical cores ({isa}), "
             f"{machine['memory_gib']:.0f} GiB")
-    for name in ("OMP_NUM_THREADS", *ISA_CAPS):
+    for name in ("OMP_NUM_THREADS", *ISA_CAPS, *ALLOCATOR_SETTINGS):
         if machine.get(name):
             line += f", {name}={machine[name]}"
     if "devices" in machine:

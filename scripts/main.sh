@@ -14,4 +14,9 @@ if [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
          "or pass --data-dir with the four IDX files." >&2
   fi
 fi
+# glibc keeps the memory a training step frees for the next step's tensors, where by default
+# it hands large blocks back to the kernel and faults them in again, zeroed, at every step
+# (docs/mainjob.md, the allocator); the same settings on every host, the training unchanged.
+export MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-33554432}  # 32 MiB, glibc's largest
+export MALLOC_TRIM_THRESHOLD_=${MALLOC_TRIM_THRESHOLD_:-4294967296}
 KERAS_BACKEND=${KERAS_BACKEND:-torch} .venv/bin/python -m apps.train "$@"

@@ -182,12 +182,16 @@ def mainjob_cpus_block() -> str:
 
 
 FASHION_MNIST_TRAIN = 60_000  # training images
-AVX2_STAND_IN = {  # label: step_cost file under docs/mainjob/steps/
-    "the hybrid (the default)": "torch.json",
-    "the hybrid, kernels capped at AVX2": "avx2_capped/torch.json",
-    "the plain 7x7-pixel ViT": "avx2_capped/plain_7x7_torch_uncapped.json",
-    "the plain 7x7-pixel ViT, kernels capped at AVX2": "avx2_capped/plain_7x7_torch.json",
-    "the plain 7x7-pixel ViT on the AVX2 CPU": "plain_7x7/torch.json",
+# The default's latest seeds on the Intel Xeon, where the other backends' runs and the AVX2
+# estimate (made before a run on the AVX2 CPU itself) were measured: its seeds.json and the
+# step measured beside it (step_cost.json), under docs/mainjob/.
+INTEL_RUN = os.path.join("cpus", "intel-xeon-amx-bc9e3ca")
+AVX2_STAND_IN = {  # label: step_cost file under docs/mainjob/
+    "the hybrid (the default)": os.path.join(INTEL_RUN, "step_cost.json"),
+    "the hybrid, kernels capped at AVX2": "steps/avx2_capped/torch.json",
+    "the plain 7x7-pixel ViT": "steps/avx2_capped/plain_7x7_torch_uncapped.json",
+    "the plain 7x7-pixel ViT, kernels capped at AVX2": "steps/avx2_capped/plain_7x7_torch.json",
+    "the plain 7x7-pixel ViT on the AVX2 CPU": "steps/plain_7x7/torch.json",
 }
 
 
@@ -207,7 +211,7 @@ def avx2_estimate(hybrid: dict, plain: dict, real: dict, epochs: int,
 def mainjob_avx2_block() -> str:
     """PyTorch's training step with its kernels capped at AVX2 beside the real AVX2 CPU's, and
     the hybrid's step there estimated from them (avx2_estimate)."""
-    steps = {label: _json(os.path.join("mainjob", "steps", name))
+    steps = {label: _json(os.path.join("mainjob", name))
              for label, name in AVX2_STAND_IN.items()}
     small, large = _batches(steps["the hybrid (the default)"])
     rows = [[label, machine_line(s["machine"]), f"{s['ms_per_step'][small]:.1f}",
@@ -235,9 +239,9 @@ RATIO_TRY = "hybrid_e8_ratio"  # docs/mainjob/tries/, timed between steps/ratio/
 
 
 def seeds_ratio(steps: dict) -> float:
-    """fit_to_steps_ratio of the seeds' mean model.fit (docs/mainjob/seeds.json), against
-    the step cost of the report `steps`."""
-    seeds = _json(os.path.join("mainjob", "seeds.json"))
+    """fit_to_steps_ratio of INTEL_RUN's seeds' mean model.fit, against the step cost of
+    the report `steps`."""
+    seeds = _json(os.path.join("mainjob", INTEL_RUN, "seeds.json"))
     run_steps = seeds["epochs"] * (FASHION_MNIST_TRAIN // int(_batches(steps)[1]))
     return fit_to_steps_ratio(seeds["mean_fit_minutes"] * 60, run_steps, [steps],
                               seeds["machine"])
@@ -268,9 +272,11 @@ def fit_to_steps_ratio(fit_seconds: float, run_steps: int, steps: list[dict],
     return fit_seconds / (run_steps * step_ms / 1000)
 
 
-def step_trees_block(folder: str) -> str:
+def step_trees_block(folder: str, header: str = "tree",
+                     labels: tuple[str, str] = ("before", "after")) -> str:
     """benchmarks.step_cost of two source trees in turns (docs/FOLDER/before_N.json and
-    after_N.json, round N): each tree's medians over its rounds, and after against before."""
+    after_N.json, round N): each tree's medians over its rounds, and after against before.
+    header and labels name what the two differ in, where that is not the tree."""
     trees = {tree: [_json(os.path.relpath(path, DOCS)) for path in sorted(
         glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))] for tree in ("before", "after")}
     small, large = _batches(trees["after"][0])
@@ -278,29 +284,45 @@ def step_trees_block(folder: str) -> str:
     def median(reports, pick):
         return statistics.median(pick(report) for report in reports)
 
-    rows = [[tree, str(len(reports)),
+    rows = [[label, str(len(reports)),
              *(f"{median(reports, lambda r, b=b: r['ms_per_step'][b]):.1f}"
                for b in (small, large)),
              f"{median(reports, lambda r: r['fixed_ms_per_step']):.1f}",
              f"{median(reports, lambda r: r['ms_per_image']):.3f}"]
-            for tree, reports in trees.items()]
+            for label, reports in zip(labels, trees.values(), strict=True)]
     ratios = [b["ms_per_step"][large] / a["ms_per_step"][large]
               for b, a in zip(trees["before"], trees["after"], strict=True)]
-    return (table(["tree", "rounds", f"median ms per step of {small}",
+    return (table([header, "rounds", f"median ms per step of {small}",
                    f"median ms per step of {large}", "fixed ms per step", "ms per image"], rows)
-            + f"\n\nA step of {large} images, before over after, round by round: "
+            + f"\n\nA step of {large} images, {labels[0]} over {labels[1]}, round by round: "
             + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
             + f". {machines_sentence(trees['before'] + trees['after'])}")
 
 
+def allocator_steps_block() -> str:
+    """The main job's step with glibc's default allocator settings (before_N.json) and
+    scripts/main.sh's (after_N.json), in turns, with the page faults a step takes under each."""
+    folder = os.path.join("mainjob", "steps", "allocator")
+    labels = ("glibc's defaults", "scripts/main.sh's")
+    faults = [statistics.median(
+        _json(os.path.relpath(path, DOCS))["page_faults_per_step"]["128"]
+        for path in glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))
+        for tree in ("before", "after")]
+    return (step_trees_block(folder, "allocator settings", labels)
+            + f"\n\nMinor page faults per step of 128 images, median: {faults[0]:.0f} with "
+            f"{labels[0]}, {faults[1]:.0f} with {labels[1]}.")
+
+
 def mainjob_backends_block() -> str:
-    """The main job on each backend (docs/mainjob/seeds.json, the default's, and
-    docs/mainjob/backends/BACKEND/seeds.json), beside what a training step costs there
-    (docs/mainjob/steps/BACKEND.json, benchmarks.step_cost)."""
-    runs = _seed_runs("backends")
+    """The main job on each backend, all on one CPU: PyTorch's seeds of INTEL_RUN (the
+    default's) and docs/mainjob/backends/BACKEND/seeds.json, each beside what a training step
+    costs there (INTEL_RUN's step_cost.json, docs/mainjob/steps/BACKEND.json)."""
+    torch_run = os.path.join("mainjob", INTEL_RUN)
+    runs = [_json(os.path.join(torch_run, "seeds.json")), *_seed_runs("backends")[1:]]
     rows = []
     for run in runs:
-        steps = _json(os.path.join("mainjob", "steps", f"{run['backend']}.json"))
+        steps = _json(os.path.join(torch_run, "step_cost.json") if run is runs[0] else
+                      os.path.join("mainjob", "steps", f"{run['backend']}.json"))
         small, large = _batches(steps)
         prefix = "" if run is runs[0] else f"KERAS_BACKEND={run['backend']} "
         rows.append([run["backend"], f"{run['mean_test_accuracy']:.2%}", str(len(run["seeds"])),
@@ -538,6 +560,7 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
                                                                       "direct")),
           "mainjobfusedsteps": lambda: step_trees_block(os.path.join("mainjob", "steps",
                                                                      "fused")),
+          "mainjoballocatorsteps": allocator_steps_block,
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

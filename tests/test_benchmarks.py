@@ -259,6 +259,11 @@ def test_machine_line_names_a_thread_cap_and_the_widest_vector_extension():
     assert machine.machine_line(emulated) == (
         "A, 2 logical cores (avx2, fma, avx512f), 24 GiB, ATEN_CPU_CAPABILITY=avx2, "
         "ONEDNN_MAX_CPU_ISA=AVX2")
+    allocator = {**capped, "OMP_NUM_THREADS": None, "MALLOC_MMAP_THRESHOLD_": "33554432",
+                 "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+    assert machine.machine_line(allocator) == (
+        "A, 2 logical cores (avx2, fma, avx512f), 24 GiB, MALLOC_MMAP_THRESHOLD_=33554432, "
+        "MALLOC_TRIM_THRESHOLD_=4294967296")
     assert machine.vector_extension({**capped, "isa": ["avx2", "fma"]}) == "AVX2"
     assert machine.vector_extension({**capped, "isa": []}) == "no AVX2"
     assert machine.vector_extension({**capped, "isa": ["avx512f", "amx_bf16"]}) == "AMX"
@@ -277,6 +282,18 @@ def test_machine_description_reads_the_cpu_flags():
              for flag in line.split(":", 1)[1].split()}
     assert machine.cpu_flags() <= flags
     assert described["isa"] == [f for f in machine.ISA_FLAGS if f in flags]
+
+
+@backend_independent
+def test_host_description_records_the_allocator_settings_a_measurement_ran_with(monkeypatch):
+    from benchmarks import machine
+
+    for name in machine.ALLOCATOR_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    assert not set(machine.ALLOCATOR_SETTINGS) & set(machine.describe_host())
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "4294967296")
+    assert machine.describe_host()["MALLOC_TRIM_THRESHOLD_"] == "4294967296"
+    assert "MALLOC_MMAP_THRESHOLD_" not in machine.describe_host()
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile: torch backend")
@@ -397,6 +414,30 @@ def test_step_trees_block_takes_each_trees_median_and_the_ratio_round_by_round(t
     assert "| before | 3 | 20.0 | 80.0 | 16.0 | 0.080 |" in block
     assert "| after | 3 | 12.5 | 50.0 | 10.0 | 0.050 |" in block
     assert "before over after, round by round: 2.00x, 1.50x, 1.40x." in block
+
+
+@backend_independent
+def test_allocator_steps_block_labels_the_settings_and_counts_each_ones_page_faults(
+        tmp_path, monkeypatch):
+    from benchmarks import render
+
+    machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
+    folder = tmp_path / "mainjob" / "steps" / "allocator"
+    folder.mkdir(parents=True)
+    for tree, runs in {"before": [(80.0, 700), (90.0, 1200), (70.0, 400)],
+                       "after": [(75.0, 50), (72.0, 90), (60.0, 60)]}.items():
+        for round_, (ms, faults) in enumerate(runs, 1):
+            (folder / f"{tree}_{round_}.json").write_text(json.dumps(
+                {"ms_per_step": {"8": 20.0, "128": ms}, "fixed_ms_per_step": 15.0,
+                 "ms_per_image": ms / 1000, "page_faults_per_step": {"128": faults},
+                 "machine": machine, "backend": "torch"}))
+    monkeypatch.setattr(render, "DOCS", str(tmp_path))
+    block = render.allocator_steps_block()
+    assert "| allocator settings | rounds |" in block
+    assert "| glibc's defaults | 3 | 20.0 | 80.0 | 15.0 | 0.080 |" in block
+    assert "| scripts/main.sh's | 3 | 20.0 | 72.0 | 15.0 | 0.072 |" in block
+    assert "glibc's defaults over scripts/main.sh's, round by round: 1.07x, 1.25x, 1.17x." in block
+    assert "median: 700 with glibc's defaults, 60 with scripts/main.sh's." in block
 
 
 @backend_independent
@@ -714,6 +755,23 @@ def test_step_cost_counts_the_main_jobs_arithmetic():
     blocks = 4 * (4 * 16 * 64 * 64 + 2 * 16 * 16 * 64 + 2 * 16 * 64 * 128)
     macs = resnet + 16 * 512 * 64 + blocks + 640
     assert report["train_gflop_per_image"] == round(3 * 2 * macs / 1e9, 5)
+    assert list(report["page_faults_per_step"]) == ["6"]
+
+
+@backend_independent
+def test_page_faults_per_step_counts_the_memory_a_step_maps_anew():
+    import mmap
+
+    from benchmarks import step_cost
+
+    def touch_new_pages(pages=64):  # under 2 MiB: no transparent huge page folds them
+        memory = mmap.mmap(-1, pages * mmap.PAGESIZE)
+        for page in range(pages):
+            memory[page * mmap.PAGESIZE] = 1
+        memory.close()
+
+    assert step_cost.page_faults_per_step(touch_new_pages) >= 64
+    assert step_cost.page_faults_per_step(lambda: None) < 1
 
 
 @backend_independent

@@ -3,9 +3,10 @@ Hugging Face weights (.safetensors, .pth), printing what was loaded, resampled a
 
 vit-keras convert SRC DST [--variant B/16 --image-size 384 --num-classes 10 ...]
 
-A .keras source carries its architecture. An .npz source gives the model's shape, image size
-and classes by its arrays' shapes unless flags say otherwise; any other source needs --variant
-(or every shape flag).
+A .keras source carries its architecture. An .npz source gives the model's shape, classifier,
+learned position embedding, image size and classes by its arrays unless flags say otherwise (a
+fixed position embedding shows in no array: --posemb); any other source needs --variant (or
+every shape flag).
 """
 
 from .common import (
@@ -32,25 +33,42 @@ def build_parser():
 
 
 def describe_source(args) -> None:
-    """Fills --variant, --image-size and --num-classes that were not given: from an .npz
-    checkpoint's shapes, else the defaults; a source whose shapes say nothing needs the
-    variant."""
-    from vit_keras.configs import variant_name
-    from vit_keras.weights.npz import read_npz_shape
-
-    image_size = num_classes = None
+    """Fills --variant, --classifier, --posemb, --image-size and --num-classes that were not
+    given: from an .npz checkpoint's arrays, else the defaults; a source whose arrays say
+    nothing needs the variant, and what an .npz cannot show (a fixed position embedding, the
+    image size without a learned one) needs its flag."""
     if args.variant is None and args.source.endswith(".npz"):
-        args.variant, image_size, num_classes = read_npz_shape(args.source)
-        shape = ", ".join(f"{field} {getattr(args.variant, field)}" for field in SHAPE_FLAGS)
-        print(f"{args.source}: {variant_name(args.variant) or 'custom shape'} ({shape}), "
-              f"{image_size or 'unknown'} px, {num_classes or 'no'} classes by its shapes")
+        describe_npz(args)
     elif args.variant is None:
         if not all(getattr(args, flag) is not None for flag in SHAPE_FLAGS):
             raise ValueError(f"{args.source}: pass --variant (e.g. --variant B/16) or every "
                              "shape flag: only an .npz source's shapes give the model")
         args.variant = "B/16"  # every field is overridden by the shape flags
-    args.image_size = args.image_size or image_size or 224
-    args.num_classes = args.num_classes or num_classes or 1000
+    args.image_size = args.image_size or 224
+    args.num_classes = args.num_classes or 1000
+
+
+def describe_npz(args) -> None:
+    from vit_keras.configs import variant_name
+    from vit_keras.weights.npz import read_npz_shape
+
+    found = read_npz_shape(args.source)
+    args.variant, args.classifier = found.config, args.classifier or found.classifier
+    shape = ", ".join(f"{field} {getattr(found.config, field)}" for field in SHAPE_FLAGS)
+    print(f"{args.source}: {variant_name(found.config) or 'custom shape'} ({shape}), "
+          f"{found.image_size or 'unknown'} px, {found.num_classes or 'no'} classes, "
+          f"{found.classifier} classifier, "
+          f"{found.posemb or 'no learned'} position embedding by its arrays")
+    if args.posemb is None and found.posemb is None:
+        raise ValueError(f"{args.source}: holds no learned position embedding, so its model's "
+                         "was fixed or none: pass --posemb sincos2d or --posemb none, as it "
+                         "was trained")
+    args.posemb = args.posemb or found.posemb
+    if args.image_size is None and found.image_size is None:
+        raise ValueError(f"{args.source}: its arrays do not give the image size (a learned "
+                         "position embedding's square grid would): pass --image-size")
+    args.image_size = args.image_size or found.image_size
+    args.num_classes = args.num_classes or found.num_classes
 
 
 def main(argv=None):

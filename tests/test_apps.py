@@ -63,6 +63,46 @@ def test_convert_builds_the_model_an_npz_holds_without_variant(tmp_path, capsys,
                                       keras.ops.convert_to_numpy(theirs.value), err_msg=mine.path)
 
 
+def test_convert_takes_the_classifier_and_learned_position_embedding_an_npz_holds(tmp_path,
+                                                                                    capsys):
+    import vit_keras as vk
+    from apps import convert
+    from tests.conftest import randomize
+
+    source = randomize(vk.vit(TINY, image_size=32, num_classes=3, classifier="gap",
+                              posemb="learned2d"))
+    vk.save_npz(source, tmp_path / "in.npz")
+    convert.main([str(tmp_path / "in.npz"), str(tmp_path / "out.keras"), "--image-size", "32"])
+    assert "3 classes, gap classifier, learned2d position embedding" in capsys.readouterr().out
+    converted = keras.saving.load_model(tmp_path / "out.keras", safe_mode=True)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(converted(images)),
+                               keras.ops.convert_to_numpy(source(images)), atol=1e-5)
+
+
+def test_convert_asks_for_what_an_npz_of_fixed_position_embeddings_cannot_show(tmp_path):
+    import vit_keras as vk
+    from apps import convert
+    from tests.conftest import randomize
+
+    source = randomize(vk.vit(TINY, image_size=32, num_classes=3, classifier="gap",
+                              posemb="sincos2d"))
+    vk.save_npz(source, tmp_path / "in.npz")
+    paths = [str(tmp_path / "in.npz"), str(tmp_path / "out.keras")]
+    with pytest.raises(ValueError, match=r"in\.npz: holds no learned position embedding, so "
+                                         r"its model's was fixed or none: pass --posemb "
+                                         r"sincos2d or --posemb none"):
+        convert.main(paths)
+    with pytest.raises(ValueError, match=r"in\.npz: its arrays do not give the image size .*: "
+                                         r"pass --image-size"):
+        convert.main([*paths, "--posemb", "sincos2d"])
+    convert.main([*paths, "--posemb", "sincos2d", "--image-size", "32"])
+    converted = keras.saving.load_model(tmp_path / "out.keras", safe_mode=True)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(converted(images)),
+                               keras.ops.convert_to_numpy(source(images)), atol=1e-5)
+
+
 def test_convert_asks_for_the_variant_where_the_file_does_not_say(tmp_path):
     import vit_keras as vk
     from apps import convert

@@ -7,14 +7,17 @@ import math
 import os
 import re
 import zipfile
+from typing import NamedTuple
 
 import keras
 import numpy as np
 
 from vit_keras.configs import ViTConfig
 from vit_keras.weights.assign import (
+    AXIS_POSEMB_KEYS,
     BLOCK_KEY,
     POSEMB_KEY,
+    RELATIVE_KEY,
     LoadReport,
     load_params,
     merged_kernels,
@@ -87,10 +90,28 @@ def canonicalize(params: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], 
     return params, ", ".join(layout) or "vit_jax (pre-Linen names)", grid_only
 
 
-def read_npz_shape(path: str) -> tuple[ViTConfig, int | None, int | None]:
-    """The shape of the model an .npz checkpoint holds, read from its arrays: its ViTConfig
-    (a hybrid's ResNet too), its image size (None unless the position embedding covers a
-    square grid) and its head's classes (None without a head)."""
+class NpzModel(NamedTuple):
+    """What an .npz checkpoint's arrays say of its model."""
+
+    config: ViTConfig  # the shape, a hybrid's ResNet too
+    image_size: int | None  # None unless a learned position embedding covers a square grid
+    num_classes: int | None  # None without a head
+    classifier: str  # "token" with a class token, else "gap"
+    posemb: str | None  # the learned kind it holds; None: fixed or none, which no array shows
+
+
+def _posemb_kind(params: dict[str, np.ndarray]) -> str | None:
+    if POSEMB_KEY in params:
+        return "learned"
+    if any(key in params for key in AXIS_POSEMB_KEYS):
+        return "learned2d"
+    if any(RELATIVE_KEY.search(key) for key in params):
+        return "relative"
+    return None
+
+
+def read_npz_shape(path: str) -> NpzModel:
+    """The model an .npz checkpoint holds, read from its arrays' names and shapes."""
     params, _, grid_only = canonicalize(read_npz(path))
     first = "Transformer/encoderblock_0/"
     needed = ("embedding/kernel", first + "MultiHeadDotProductAttention_1/query/kernel",
@@ -117,7 +138,8 @@ def read_npz_shape(path: str) -> tuple[ViTConfig, int | None, int | None]:
         side = math.isqrt(tokens)
         image_size = side * config.cell_size if side * side == tokens else None
     head = params.get("head/kernel")
-    return config, image_size, None if head is None else int(head.shape[-1])
+    return NpzModel(config, image_size, None if head is None else int(head.shape[-1]),
+                    "token" if "cls" in params else "gap", _posemb_kind(params))
 
 
 def load_npz(model: keras.Model, path: str, resample: str = "auto") -> LoadReport:

@@ -49,6 +49,7 @@ def describe_source(args) -> None:
 
 
 def describe_npz(args) -> None:
+    """describe_source for an .npz: what its arrays show, printed, and the flags they leave."""
     from vit_keras.configs import variant_name
     from vit_keras.weights.npz import read_npz_shape
 

@@ -304,13 +304,14 @@ def allocator_steps_block() -> str:
     scripts/main.sh's (after_N.json), in turns, with the page faults a step takes under each."""
     folder = os.path.join("mainjob", "steps", "allocator")
     labels = ("glibc's defaults", "scripts/main.sh's")
-    faults = [statistics.median(
-        _json(os.path.relpath(path, DOCS))["page_faults_per_step"]["128"]
-        for path in glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))
-        for tree in ("before", "after")]
+    reports = {tree: [_json(os.path.relpath(path, DOCS)) for path in glob.glob(
+        os.path.join(DOCS, folder, f"{tree}_*.json"))] for tree in ("before", "after")}
+    large = _batches(reports["after"][0])[1]  # the batch step_cost counts the faults of
+    faults = [statistics.median(r["page_faults_per_step"][large] for r in tree_reports)
+              for tree_reports in reports.values()]
     return (step_trees_block(folder, "allocator settings", labels)
-            + f"\n\nMinor page faults per step of 128 images, median: {faults[0]:.0f} with "
-            f"{labels[0]}, {faults[1]:.0f} with {labels[1]}.")
+            + f"\n\nMinor page faults per step of {large} images, median: {faults[0]:.0f} "
+            f"with {labels[0]}, {faults[1]:.0f} with {labels[1]}.")
 
 
 def mainjob_backends_block() -> str:
@@ -318,7 +319,8 @@ def mainjob_backends_block() -> str:
     default's) and docs/mainjob/backends/BACKEND/seeds.json, each beside what a training step
     costs there (INTEL_RUN's step_cost.json, docs/mainjob/steps/BACKEND.json)."""
     torch_run = os.path.join("mainjob", INTEL_RUN)
-    runs = [_json(os.path.join(torch_run, "seeds.json")), *_seed_runs("backends")[1:]]
+    others = _seed_run_paths("backends")[1:]  # past the default's latest, which may be elsewhere
+    runs = [_json(os.path.join(torch_run, "seeds.json")), *map(_json, others)]
     rows = []
     for run in runs:
         steps = _json(os.path.join(torch_run, "step_cost.json") if run is runs[0] else

@@ -272,13 +272,18 @@ def fit_to_steps_ratio(fit_seconds: float, run_steps: int, steps: list[dict],
     return fit_seconds / (run_steps * step_ms / 1000)
 
 
+def _step_rounds(folder: str) -> dict[str, list[dict]]:
+    """The step_cost reports of docs/FOLDER/before_N.json and after_N.json, by round."""
+    return {tree: [_json(os.path.relpath(path, DOCS)) for path in sorted(
+        glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))] for tree in ("before", "after")}
+
+
 def step_trees_block(folder: str, header: str = "tree",
                      labels: tuple[str, str] = ("before", "after")) -> str:
     """benchmarks.step_cost of two source trees in turns (docs/FOLDER/before_N.json and
     after_N.json, round N): each tree's medians over its rounds, and after against before.
     header and labels name what the two differ in, where that is not the tree."""
-    trees = {tree: [_json(os.path.relpath(path, DOCS)) for path in sorted(
-        glob.glob(os.path.join(DOCS, folder, f"{tree}_*.json")))] for tree in ("before", "after")}
+    trees = _step_rounds(folder)
     small, large = _batches(trees["after"][0])
 
     def median(reports, pick):
@@ -304,8 +309,7 @@ def allocator_steps_block() -> str:
     scripts/main.sh's (after_N.json), in turns, with the page faults a step takes under each."""
     folder = os.path.join("mainjob", "steps", "allocator")
     labels = ("glibc's defaults", "scripts/main.sh's")
-    reports = {tree: [_json(os.path.relpath(path, DOCS)) for path in glob.glob(
-        os.path.join(DOCS, folder, f"{tree}_*.json"))] for tree in ("before", "after")}
+    reports = _step_rounds(folder)
     large = _batches(reports["after"][0])[1]  # the batch step_cost counts the faults of
     faults = [statistics.median(r["page_faults_per_step"][large] for r in tree_reports)
               for tree_reports in reports.values()]

@@ -556,7 +556,7 @@ def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool
                                                                       channels):
     # The hybrids' GroupNorm and MaxPool take kernels' direct path on PyTorch (a 3x3/2 pool
     # pads an even side asymmetrically, an odd one evenly; the others take Keras' path there;
-    # 32 groups of 2 channels normalise a channels-first copy, of 4 the channels-last maps).
+    # GroupNorm is kernels' autograd function for groups of 2 and of 4 channels alike).
     # Keras' own layers are the reference, forward and backward.
     from vit_keras.resnet import GroupNorm, MaxPool
 
@@ -581,6 +581,51 @@ def test_resnet_norm_and_pool_equal_keras_layers_values_and_gradients(size, pool
                 (layer(inputs) * torch.linspace(-1, 1, channels)).sum().backward()
                 grads.append(inputs.grad.numpy())
             np.testing.assert_allclose(*grads, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels", [32, 128])  # groups of 1 and of 4 channels
+@pytest.mark.parametrize("offset", [0.0, 10.0])  # maps far from zero mean
+def test_resnet_group_norm_adds_residual_and_relu_like_keras_layers(channels, offset):
+    # ResidualUnit asks its GroupNorm for relu(norm(x) + residual) in one call (on PyTorch
+    # kernels' autograd function, whose variance is E[x^2] - E[x]^2). The reference is Keras'
+    # GroupNormalization, the sum and ops.relu: values, and on PyTorch the gradients of the
+    # maps, the residual, gamma and beta.
+    from vit_keras.resnet import GroupNorm
+
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(3, 6, 5, channels)) + offset).astype("float32")
+    residual = rng.normal(size=x.shape).astype("float32")
+    ours = GroupNorm(32, epsilon=1e-6, gamma_initializer="random_normal",
+                     beta_initializer="random_normal")
+    reference = keras.layers.GroupNormalization(32, epsilon=1e-6)
+    ours.build(x.shape)
+    reference.build(x.shape)
+    reference.set_weights(ours.get_weights())
+
+    def keras_layers(maps, shortcut):
+        return keras.ops.relu(reference(maps) + shortcut)
+
+    def our_layer(maps, shortcut):  # call takes tensors, as ResidualUnit hands them
+        return ours.call(maps, relu=True, residual=shortcut)
+
+    tensors = [keras.ops.convert_to_tensor(a) for a in (x, residual)]
+    outputs = [keras.ops.convert_to_numpy(f(*tensors)) for f in (our_layer, keras_layers)]
+    np.testing.assert_allclose(*outputs, atol=1e-4)
+    assert (outputs[0] == 0).mean() > 0.2  # the ReLU cuts a share of them
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    weight = torch.tensor(rng.normal(size=x.shape).astype("float32"))
+    grads = []
+    for f, layer in ((our_layer, ours), (keras_layers, reference)):
+        maps, shortcut = (torch.tensor(a, requires_grad=True) for a in (x, residual))
+        (f(maps, shortcut) * weight).sum().backward()
+        grads.append([maps.grad.numpy(), shortcut.grad.numpy(),
+                      layer.gamma.value.grad.numpy(), layer.beta.value.grad.numpy()])
+        layer.gamma.value.grad = layer.beta.value.grad = None
+    for got, want in zip(*grads, strict=True):  # float32 sums over maps of mean 10 lose digits
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("size", [(16, 16), (18, 13)])

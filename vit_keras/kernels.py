@@ -161,27 +161,86 @@ def layer_norm(x, layer):
                     layer.compute_dtype)
 
 
-# GroupNorm of groups of at least this many channels runs faster on channels-last memory than
-# on a channels-first copy; of fewer, slower (docs/mainjob.md).
-GROUP_NORM_CHANNELS_LAST_FROM = 4
-
-
-def group_norm(x, layer):
+def group_norm(x, layer, relu: bool = False, residual=None):
     """layer(x) for a GroupNormalization layer over the last axis of (batch, height, width,
-    channels) maps: computed in at least float32, returned in the layer's compute dtype and
-    channels-last memory."""
+    channels) maps, plus residual where given, then a ReLU where relu: computed in at least
+    float32, returned in the layer's compute dtype. On PyTorch one autograd function
+    (CHANNELS_LAST_GROUP_NORM) does all three on the channels-last maps where they lie:
+    torch's own kernel copies them or runs slowly on them, and the sum and the ReLU after a
+    norm are passes over the maps of their own."""
     if not (on_torch() and len(x.shape) == 4 and layer.axis in (-1, 3) and layer.scale
             and layer.center):
-        return keras.layers.GroupNormalization.call(layer, x)
+        y = keras.layers.GroupNormalization.call(layer, x)
+        y = y if residual is None else y + residual
+        return ops.relu(y) if relu else y
+    out = CHANNELS_LAST_GROUP_NORM.apply(
+        x.float(), layer.gamma.value.float(), layer.beta.value.float(),
+        None if residual is None else residual.float(), layer.groups, layer.epsilon, relu)
+    return ops.cast(out, layer.compute_dtype)
+
+
+def _channels_last_group_norm():
+    """A torch.autograd.Function: GroupNorm of float32 channels-last maps, plus an optional
+    residual, then an optional ReLU. The statistics come from per-channel sums over the map
+    (the variance as E[x^2] - E[x]^2, as torch's channels-last kernel computes it); the
+    output is x * scale + shift in one pass, the input's gradient grad * scale + x * k1 + k2
+    in two, after two per-channel sums."""
     import torch
 
-    maps = x.permute(0, 3, 1, 2)
-    if x.shape[-1] // layer.groups < GROUP_NORM_CHANNELS_LAST_FROM:
-        maps = maps.contiguous()
-    out = torch.nn.functional.group_norm(maps.float(), layer.groups, layer.gamma.value.float(),
-                                         layer.beta.value.float(), layer.epsilon)
-    # channels-last memory: the ReLU, sum and convolution after it read it that way
-    return ops.cast(out.permute(0, 2, 3, 1).contiguous(), layer.compute_dtype)
+    def per_group(sums, groups):  # (batch, channels) -> (batch, groups, 1)
+        return sums.view(sums.shape[0], groups, -1).sum(2, keepdim=True)
+
+    def per_channel(values, channels):  # (batch, groups, 1 or per group) -> (batch, 1, channels)
+        return values.expand(-1, -1, channels // values.shape[1]).reshape(-1, 1, channels)
+
+    class ChannelsLastGroupNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, gamma, beta, residual, groups, epsilon, relu):
+            batch, channels = x.shape[0], x.shape[-1]
+            flat = x.reshape(batch, -1, channels)
+            count = flat.shape[1] * (channels // groups)
+            mean = per_group(flat.sum(1), groups) / count
+            variance = per_group(flat.square().sum(1), groups) / count - mean.square()
+            rstd = torch.rsqrt(variance.clamp_(min=0) + epsilon)
+            scale = gamma.view(groups, -1) * rstd  # (batch, groups, channels per group)
+            shift = beta.view(groups, -1) - mean * scale
+            out = torch.addcmul(per_channel(shift, channels), flat, per_channel(scale, channels))
+            if residual is not None:
+                out += residual.reshape(batch, -1, channels)
+            if relu:
+                out.clamp_(min=0)
+            ctx.save_for_backward(x, gamma, mean, rstd, out if relu else None)
+            ctx.groups, ctx.has_residual = groups, residual is not None
+            return out.view(x.shape)
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, gamma, mean, rstd, out = ctx.saved_tensors
+            batch, channels, groups = x.shape[0], x.shape[-1], ctx.groups
+            flat, grad = x.reshape(batch, -1, channels), grad.reshape(batch, -1, channels)
+            if out is not None:  # the ReLU's gradient, as torch's ReLU computes it
+                grad = torch.ops.aten.threshold_backward(grad, out, 0)
+            count = flat.shape[1] * (channels // groups)
+            sums = grad.sum(1).view(batch, groups, -1)  # per channel: sum of grad
+            dots = (grad * flat).sum(1).view(batch, groups, -1)  # and of grad * x
+            gamma = gamma.view(groups, -1)
+            grad_gamma = ((dots - mean * sums) * rstd).sum(0).reshape(channels)
+            grad_beta = sums.sum(0).reshape(channels)
+            gamma_sums = (gamma * sums).sum(2, keepdim=True)
+            gamma_dots = (gamma * dots).sum(2, keepdim=True)
+            k1 = (mean * gamma_sums - gamma_dots) * rstd.pow(3) / count
+            k2 = -rstd * gamma_sums / count - k1 * mean
+            grad_x = torch.addcmul(per_channel(k2, channels), grad,
+                                   per_channel(gamma * rstd, channels))
+            grad_x.addcmul_(flat, per_channel(k1, channels))
+            grad_residual = grad.view(x.shape) if ctx.has_residual else None
+            return grad_x.view(x.shape), grad_gamma, grad_beta, grad_residual, None, None, None
+
+    return ChannelsLastGroupNorm
+
+
+# made once, on import: torch.compile traces a call of the function, not a class definition
+CHANNELS_LAST_GROUP_NORM = _channels_last_group_norm() if on_torch() else None
 
 
 def patch_embedding(images, layer):

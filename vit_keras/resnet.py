@@ -9,7 +9,6 @@ forbids '/' in layer names, so unit j of stage i is the layer `block{i}_unit{j}`
 from __future__ import annotations
 
 import keras
-from keras import ops
 
 from vit_keras import kernels
 
@@ -22,10 +21,11 @@ _register = keras.saving.register_keras_serializable(package="vit_keras")
 
 @_register
 class GroupNorm(keras.layers.GroupNormalization):
-    """Keras' GroupNormalization over channels-last maps, by kernels.group_norm."""
+    """Keras' GroupNormalization over channels-last maps, by kernels.group_norm; call can add
+    a residual and apply a ReLU after the norm, which a ResidualUnit does in one pass."""
 
-    def call(self, inputs):
-        return kernels.group_norm(inputs, self)
+    def call(self, inputs, relu=False, residual=None):
+        return kernels.group_norm(inputs, self, relu, residual)
 
 
 @_register
@@ -100,14 +100,10 @@ class ResidualUnit(keras.layers.Layer):
     def call(self, x):
         # The sublayers' call, not their __call__: a Keras layer call costs an eager backend
         # more than a small unit's arithmetic (as TransformerBlock's sublayers).
-        def normed(conv, norm, y):
-            return norm.call(conv.call(y))
-
-        shortcut = x if self.conv_proj is None else normed(self.conv_proj, self.gn_proj, x)
-        y = ops.relu(normed(self.conv1, self.gn1, x))
-        y = ops.relu(normed(self.conv2, self.gn2, y))
-        y = normed(self.conv3, self.gn3, y)
-        return ops.relu(shortcut + y)
+        shortcut = x if self.conv_proj is None else self.gn_proj.call(self.conv_proj.call(x))
+        y = self.gn1.call(self.conv1.call(x), relu=True)
+        y = self.gn2.call(self.conv2.call(y), relu=True)
+        return self.gn3.call(self.conv3.call(y), relu=True, residual=shortcut)
 
     def compute_output_shape(self, input_shape):
         return self._output_shape(input_shape, 4 * self.features)

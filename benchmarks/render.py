@@ -567,6 +567,8 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "mainjobfusedsteps": lambda: step_trees_block(os.path.join("mainjob", "steps",
                                                                      "fused")),
           "mainjoballocatorsteps": allocator_steps_block,
+          "mainjobgroupnormsteps": lambda: step_trees_block(os.path.join("mainjob", "steps",
+                                                                         "group_norm")),
           "maskedpatch": masked_patch_block, "resolution": resolution_block,
           "posemb": posemb_block, "pooling": pooling_block, "shape": shape_block,
           "inputsize": input_size_block,

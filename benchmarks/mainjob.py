@@ -2,7 +2,8 @@
 (each alone on the machine, so its minutes are its own), then the seeds' results, their mean
 and spread, and the machine in docs/mainjob/seeds.json, and the first seed's run files in
 docs/mainjob/. A seed whose run directory holds a run finished with the same arguments on the
-same backend is not run again; one with other arguments or another backend is refused.
+same backend from the same code revision is not run again; any other finished run there is
+refused.
 
 One try of a recipe change, scored on a validation split carved from the training images so
 that the choice leaves the test split unread, goes to docs/mainjob/tries/NAME.json (the run's
@@ -32,26 +33,44 @@ from benchmarks.machine import describe_host  # noqa: E402
 
 RUN_FILES = ("history.csv", "history.json", "labels.txt", "model.keras", "result.json")
 SEEDS_COMMAND = "bash scripts/main.sh --seed N"  # seeds.json's command, its flags after it
+REVISION_FILE = "revision.txt"  # in a run folder: the code revision the run was started from
 
 
-def run_main_job(run_dir: str, flags: list[str]) -> dict:
+def run_main_job(run_dir: str, flags: list[str], code: str | None) -> dict:
     """The result.json of the run that flags describe (their --run-dir is run_dir): an earlier
-    run's where it finished with these arguments on this backend, else a new run's. An earlier
-    run with other arguments (apps.train.finished_result) or on another backend is refused, so
-    that no report mixes two runs."""
+    run's where it finished with these arguments on this backend from this code revision,
+    else a new run's. Any other finished run there (other arguments: apps.train.finished_result)
+    is refused, so that no report mixes two runs or two versions of the code."""
     result = train.finished_result(flags)
     if result is None:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, REVISION_FILE), "w") as file:
+            file.write(f"{code}\n")
         subprocess.run(["bash", "scripts/main.sh", *flags], check=True)
         result = train.finished_result(flags)
     if result["backend"] != keras.backend.backend():
         raise FileExistsError(f"run folder {run_dir!r} holds a run finished on "
                               f"{result['backend']}, not on {keras.backend.backend()}: move it "
                               "or pass another --out")
+    ran = started_revision(run_dir)
+    if ran != code:
+        raise FileExistsError(f"run folder {run_dir!r} holds a run finished from code "
+                              f"{ran or 'of unknown revision'}, not from {code}: move it or "
+                              "pass another --out")
     return result
 
 
-def run_seed(seed: int, run_dir: str, flags: list[str]) -> dict:
-    return run_main_job(run_dir, ["--seed", str(seed), "--run-dir", run_dir, *flags])
+def started_revision(run_dir: str) -> str | None:
+    """The code revision a run folder's run was started from, None where it is not known."""
+    path = os.path.join(run_dir, REVISION_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        return file.read().strip()
+
+
+def run_seed(seed: int, run_dir: str, flags: list[str], code: str | None) -> dict:
+    return run_main_job(run_dir, ["--seed", str(seed), "--run-dir", run_dir, *flags], code)
 
 
 def epoch_seconds(run_dir: str) -> list[float]:
@@ -64,8 +83,9 @@ def epoch_seconds(run_dir: str) -> list[float]:
 def record_try(name: str, run_dir: str, tries_dir: str, flags: list[str]) -> dict:
     """One run of the main job with `flags`, kept as tries_dir/NAME.json and
     NAME.history.json."""
-    result = run_main_job(run_dir, ["--run-dir", run_dir, *flags])
-    report = {"command": " ".join(["bash scripts/main.sh", *flags]), **result,
+    code = revision(".")
+    result = run_main_job(run_dir, ["--run-dir", run_dir, *flags], code)
+    report = {"command": " ".join(["bash scripts/main.sh", *flags]), "revision": code, **result,
               "epoch_seconds": epoch_seconds(run_dir), "machine": describe_host()}
     os.makedirs(tries_dir, exist_ok=True)
     shutil.copy(os.path.join(run_dir, "history.json"),
@@ -112,7 +132,8 @@ def main(argv=None) -> dict:
                      "ones, scored once on the test split")
     run_dirs = {seed: os.path.join(args.out, f"seed{seed}") for seed in args.seeds}
     code = revision(".")  # the code the runs below start from
-    results = {str(seed): run_seed(seed, run_dir, flags) for seed, run_dir in run_dirs.items()}
+    results = {str(seed): run_seed(seed, run_dir, flags, code)
+               for seed, run_dir in run_dirs.items()}
     report = {"command": " ".join([SEEDS_COMMAND, *flags]),
               "revision": code, "machine": describe_host(),
               "backend": results[str(args.seeds[0])]["backend"],

@@ -611,12 +611,16 @@ def test_resolution_experiment_fine_tunes_at_both_sizes(tmp_path):
         assert tuple(model.input.shape[1:3]) == (size, size)
 
 
-def finish_run(flags: list[str], what: str, result: dict, history: dict) -> None:
+def finish_run(flags: list[str], what: str, result: dict, history: dict,
+               code: str | None = None) -> None:
     """A finished main-job run of flags: its run files (each holding `what`), result and
-    history."""
+    history; started from revision `code` where one is given (else as benchmarks.mainjob
+    recorded it)."""
     from benchmarks import mainjob
 
     run_dir = claim_run(flags)
+    if code is not None:
+        (run_dir / mainjob.REVISION_FILE).write_text(f"{code}\n")
     for name in mainjob.RUN_FILES:
         (run_dir / name).write_text(what)
     (run_dir / "history.json").write_text(json.dumps(history))
@@ -640,7 +644,7 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     runs = tmp_path / "runs"
     finish_run(["--seed", "0", "--run-dir", str(runs / "seed0"), "--epochs", "18"], "seed 0's",
                {"test_accuracy": 0.92, "fit_seconds": 480.0, "total_seconds": 500.0},
-               {"0": {"epoch_seconds": 470.3}})
+               {"0": {"epoch_seconds": 470.3}}, code="abc1234 of .")
     report = mainjob.main(["--seeds", "0", "1", "--out", str(runs), "--docs",
                            str(tmp_path / "docs"), "--epochs", "18"])
     assert calls == [["bash", "scripts/main.sh", "--seed", "1", "--run-dir",
@@ -656,6 +660,7 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert report["revision"] == "abc1234 of ."
     assert json.loads((tmp_path / "docs" / "seeds.json").read_text()) == report
     assert (tmp_path / "docs" / "model.keras").read_text() == "seed 0's"
+    assert (runs / "seed1" / mainjob.REVISION_FILE).read_text() == "abc1234 of .\n"
 
 
 @backend_independent
@@ -669,7 +674,7 @@ def test_mainjob_refuses_a_seed_run_of_other_arguments_or_another_backend(tmp_pa
     runs = tmp_path / "runs"
     finish_run(["--seed", "0", "--run-dir", str(runs / "seed0"), "--epochs", "18"], "seed 0's",
                {"test_accuracy": 0.92, "fit_seconds": 480.0, "total_seconds": 500.0},
-               {"0": {"epoch_seconds": 470.3}})
+               {"0": {"epoch_seconds": 470.3}}, code="abc1234")
     with pytest.raises(FileExistsError, match=r"other arguments \(--epochs 18, now 16\)"):
         mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "16"])
     result = runs / "seed0" / "result.json"
@@ -679,6 +684,28 @@ def test_mainjob_refuses_a_seed_run_of_other_arguments_or_another_backend(tmp_pa
                                               f"{keras.backend.backend()}"):
         mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "18"])
     assert calls == []  # neither was run again, nor reported
+
+
+@backend_independent
+def test_mainjob_refuses_a_seed_run_of_other_code(tmp_path, monkeypatch):
+    """A finished run of the same flags from another revision (or one not recorded) is not
+    taken for this code's run."""
+    from benchmarks import mainjob
+
+    monkeypatch.setattr(subprocess, "run", lambda command, check: calls.append(command))
+    monkeypatch.setattr(mainjob, "revision", lambda tree: "def5678")
+    calls = []
+    runs = tmp_path / "runs"
+    flags = ["--seed", "0", "--run-dir", str(runs / "seed0"), "--epochs", "18"]
+    finish_run(flags, "seed 0's", {"test_accuracy": 0.92, "fit_seconds": 480.0,
+                                   "total_seconds": 500.0},
+               {"0": {"epoch_seconds": 470.3}}, code="abc1234")
+    with pytest.raises(FileExistsError, match="from code abc1234, not from def5678: move it"):
+        mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "18"])
+    (runs / "seed0" / mainjob.REVISION_FILE).unlink()
+    with pytest.raises(FileExistsError, match="from code of unknown revision, not from def5678"):
+        mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "18"])
+    assert calls == []
 
 
 def smoke_forward_flops() -> float:

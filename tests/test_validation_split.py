@@ -95,6 +95,7 @@ def test_mainjob_try_records_the_runs_result_epoch_seconds_and_cpu(tmp_path, mon
 
     calls = []
     monkeypatch.setattr(subprocess, "run", fake_main_sh)
+    monkeypatch.setattr(mainjob, "revision", lambda tree: "abc1234")
     flags = ["--validation-split", "10000", "--epochs", "2", "--seed", "1"]  # apps.train's seed
     report = mainjob.main(["--try", "e2", "--out", str(tmp_path / "runs"), "--docs",
                            str(tmp_path / "docs"), *flags])
@@ -102,7 +103,7 @@ def test_mainjob_try_records_the_runs_result_epoch_seconds_and_cpu(tmp_path, mon
     assert calls == [["bash", "scripts/main.sh", "--run-dir", run_dir, *flags]]
     assert report["command"] == ("bash scripts/main.sh --validation-split 10000 --epochs 2 "
                                  "--seed 1")
-    assert report["validation_accuracy"] == 0.9
+    assert (report["validation_accuracy"], report["revision"]) == (0.9, "abc1234")
     assert report["epoch_seconds"] == [30.0 - epoch for epoch in range(11)]  # epoch by epoch
     assert report["backend"] == keras.backend.backend()  # the run's, as result.json says
     cpu = machine.first_cpu_info()

@@ -2,7 +2,7 @@
 confusion matrix saved as PNG, all written to --out as well as printed.
 
 vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
-                   [--limit N]
+                   [--limit N] [--mirror]
 """
 
 import json
@@ -23,6 +23,9 @@ def main(argv=None):
     parser.add_argument("--quantize", choices=["int8", "float8", "int4"],
                         help="evaluate the model quantized with Keras' model.quantize "
                              "(every dense kernel)")
+    parser.add_argument("--mirror", action="store_true",
+                        help="average each image's logits with its mirror's (test-time flip, "
+                             "as the main job's recipe evaluates)")
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
@@ -42,8 +45,9 @@ def main(argv=None):
     batches = data.make_pipeline(dataset, image_size=intermediates.built_image_size(model),
                                  num_classes=num_classes, batch_size=args.batch_size,
                                  training=False, channels=model.input.shape[-1])
-    report = evaluation.classification_report(*evaluation.predict_labels(model, batches), names)
-    report["quantization"] = args.quantize
+    report = evaluation.classification_report(
+        *evaluation.predict_labels(model, batches, mirror=args.mirror), names)
+    report.update(quantization=args.quantize, mirror=args.mirror)
     out = args.out or beside_model(args.model)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "evaluation.json"), "w") as file:

@@ -242,6 +242,65 @@ def test_evaluate_writes_metrics_and_a_confusion_matrix_png(tmp_path):
     assert limited["images"] == np.sum(limited["confusion_matrix"]) == 4
 
 
+def mirror_sensitive_case():
+    """(a linear model over 8x8 RGB pixels with 3 classes, which scores an image and its mirror
+    differently; its kernel; 24 uint8 images; their labels)."""
+    rng = np.random.default_rng(4)
+    pixels = keras.Input((8, 8, 3))
+    model = keras.Model(pixels, keras.layers.Dense(3, name="head")(
+        keras.layers.Flatten()(pixels)))
+    kernel = rng.normal(size=(8 * 8 * 3, 3)).astype("float32")
+    model.get_layer("head").set_weights([kernel, np.zeros(3, "float32")])
+    return model, kernel, rng.integers(0, 256, (24, 8, 8, 3), dtype=np.uint8), np.arange(24) % 3
+
+
+def numpy_top1(images, labels, kernel, mirror: bool) -> float:
+    """Top-1 of the linear model on the pipeline's [-1, 1] pixels, computed here; mirror: of
+    the logits averaged with those of the images flipped left to right."""
+    x = images.astype("float32") / 127.5 - 1.0
+    logits = x.reshape(len(x), -1) @ kernel
+    if mirror:
+        logits = (logits + x[:, :, ::-1].reshape(len(x), -1) @ kernel) / 2
+    return float(np.mean(logits.argmax(-1) == labels))
+
+
+def test_evaluate_mirror_averages_each_images_logits_with_its_mirrors(tmp_path):
+    from PIL import Image
+
+    from apps import evaluate
+
+    model, kernel, images, labels = mirror_sensitive_case()
+    model.save(tmp_path / "model.keras")
+    for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+        (tmp_path / "images" / f"c{label}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(tmp_path / "images" / f"c{label}" / f"{i}.png")
+    flags = [str(tmp_path / "model.keras"), "--folder", str(tmp_path / "images")]
+    single, mirrored = evaluate.main(flags), evaluate.main([*flags, "--mirror"])
+    assert single["top1"] == pytest.approx(numpy_top1(images, labels, kernel, mirror=False))
+    assert mirrored["top1"] == pytest.approx(numpy_top1(images, labels, kernel, mirror=True))
+    assert mirrored["top1"] != single["top1"] and (single["mirror"], mirrored["mirror"]) == (
+        False, True)
+
+
+def test_train_scores_the_recipes_test_time_flip_and_the_single_view_beside(tmp_path):
+    import tensorflow as tf
+
+    from apps import train
+
+    model, kernel, images, labels = mirror_sensitive_case()
+    batches = tf.data.Dataset.from_tensor_slices(
+        (images.astype("float32") / 127.5 - 1.0, np.eye(3, dtype="float32")[labels])).batch(5)
+    flipped = train.held_out_scores(model, batches, "test", test_time_flip=True)
+    assert flipped["test_accuracy"] == round(numpy_top1(images, labels, kernel, True), 4)
+    assert flipped["test_accuracy_single_view"] == round(
+        numpy_top1(images, labels, kernel, False), 4)
+    assert flipped["test_accuracy"] != flipped["test_accuracy_single_view"]
+    assert flipped["test_top5"] == 1.0 and flipped["evaluate_seconds"] >= 0  # three classes
+    plain = train.held_out_scores(model, batches, "validation", test_time_flip=False)
+    assert set(plain) == {"validation_accuracy", "validation_top5", "evaluate_seconds"}
+    assert plain["validation_accuracy"] == flipped["test_accuracy_single_view"]
+
+
 def test_evaluate_refuses_a_folder_of_another_class_count(tmp_path):
     from apps import evaluate
 

@@ -463,7 +463,8 @@ def test_the_main_job_evaluates_at_the_end_unless_eval_every_asks_for_more(tmp_p
         evaluated = [epoch for epoch, metrics in sorted(history.items())
                      if "val_accuracy" in metrics]
         if evaluated:  # the final evaluation, always: of the last epoch's model, on those images
-            assert result["test_accuracy"] == pytest.approx(history["1"]["val_accuracy"], abs=5e-5)
+            assert result["test_accuracy_single_view"] == pytest.approx(
+                history["1"]["val_accuracy"], abs=5e-5)
         else:
             assert "test_accuracy" in result
         return evaluated

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import backend_independent, claim_run
-from vit_keras import data
+from vit_keras import data, training
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
@@ -69,8 +69,10 @@ def test_train_app_scores_the_last_training_images_and_never_reads_the_test_spli
     assert "test_accuracy" not in result and result["data"]["validation_split"] == 64
     assert result["data"]["dataset"] == "fashion_mnist" and "folder" not in result["data"]
     history = json.loads((tmp_path / "history.json").read_text())
-    # the final score is the epoch's evaluation of the same 64 images, with the same weights
-    assert result["validation_accuracy"] == round(history["0"]["val_accuracy"], 4)
+    # the final single-view score is the epoch's evaluation of the same 64 images, with the
+    # same weights; the recipe's score averages each image with its mirror
+    assert result["validation_accuracy_single_view"] == round(history["0"]["val_accuracy"], 4)
+    assert training.RECIPES["fashion_mnist"].test_time_flip and "validation_accuracy" in result
     assert 0 < history["0"]["epoch_seconds"] <= result["fit_seconds"] + 0.1
     # model.fit's seconds end where fit does: the save after it is counted on its own
     assert result["save_seconds"] >= 3.0

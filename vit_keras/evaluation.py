@@ -1,5 +1,6 @@
 """Classification metrics of a trained model on a held-out set: top-1, top-5, per-class
-accuracy and the confusion matrix (as numbers and as a PNG)."""
+accuracy and the confusion matrix (as numbers and as a PNG), of each image's logits or of
+their average with its mirror's (test-time flip)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,31 @@ import keras
 import numpy as np
 
 
-def predict_labels(model: keras.Model, batches) -> tuple[np.ndarray, np.ndarray]:
-    """(logits, true labels) over a dataset of (images, one-hot labels) batches."""
-    logits, labels = [], []
+def predict_views(model: keras.Model, batches, mirror: bool = False):
+    """(logits, logits of the horizontal mirrors or None, true labels) over a dataset of
+    (images (batch, height, width, channels), one-hot labels) batches."""
+    logits, mirrored, labels = [], [], []
     for images, onehot in batches:
-        logits.append(keras.ops.convert_to_numpy(model(images, training=False)))
+        images = np.asarray(images)
+        logits.append(np.asarray(model.predict_on_batch(images)))
+        if mirror:
+            mirrored.append(np.asarray(model.predict_on_batch(images[:, :, ::-1])))
         labels.append(np.argmax(np.asarray(onehot), axis=-1))
-    return np.concatenate(logits), np.concatenate(labels)
+    return (np.concatenate(logits), np.concatenate(mirrored) if mirror else None,
+            np.concatenate(labels))
+
+
+def predict_labels(model: keras.Model, batches, mirror: bool = False):
+    """(logits, true labels) over a dataset of (images, one-hot labels) batches. mirror=True
+    averages each image's logits with its horizontal mirror's (test-time flip), for a model
+    trained on randomly flipped images."""
+    logits, mirrored, labels = predict_views(model, batches, mirror)
+    return with_mirrors(logits, mirrored), labels
+
+
+def with_mirrors(logits: np.ndarray, mirrored: np.ndarray | None) -> np.ndarray:
+    """The logits averaged with their mirrors' (the logits alone where there are none)."""
+    return logits if mirrored is None else (logits + mirrored) / 2
 
 
 def classification_report(logits: np.ndarray, labels: np.ndarray,

@@ -46,6 +46,9 @@ class Recipe:
     gradient_accumulation_steps: int | None = None
     crop: str = "inception"
     flip: bool = True
+    # Evaluation averages each image's logits with its mirror's (test-time flip), as a model
+    # trained on random flips sees both; apps.train reports the single view's accuracy beside.
+    test_time_flip: bool = False
     layer_decay: float | None = None  # fine-tuning: block i's rate times decay^(depth - i)
     head_lr_multiplier: float = 1.0  # fine-tuning: the head's rate times this
     source: str = ""
@@ -81,7 +84,7 @@ RECIPES: dict[str, Recipe] = {
     # The main job: a small hybrid ViT on Fashion-MNIST, tuned for 2 CPU cores; its 16 tokens
     # all train (docs/mainjob.md).
     "fashion_mnist": Recipe("adamw", 3e-3, "cosine", 0.05, weight_decay=0.05,
-                            crop="none", flip=True,
+                            crop="none", flip=True, test_time_flip=True,
                             source="this repository (README, main job)"),
 }
 

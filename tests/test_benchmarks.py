@@ -447,17 +447,18 @@ def test_cpus_block_shows_the_step_measured_beside_each_run_where_there_is_one(t
 
     machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
 
-    def seeds(accuracy):
+    def seeds(accuracy, **single_view):
         return json.dumps({"machine": machine, "revision": "abc1234", "backend": "torch",
                            "epochs": 8, "seeds": {"0": {}, "1": {}},
                            "mean_test_accuracy": accuracy, "min_test_accuracy": accuracy,
                            "max_test_accuracy": accuracy, "mean_fit_minutes": 4.0,
-                           "max_fit_minutes": 4.5})
+                           "max_fit_minutes": 4.5, **single_view})
 
     def steps(ms):
         return json.dumps({"ms_per_step": {"8": 10.0, "128": ms}})
 
-    for folder, content in {"mainjob": seeds(0.91), "mainjob/steps": None,
+    for folder, content in {"mainjob": seeds(0.91, mean_test_accuracy_single_view=0.9072),
+                            "mainjob/steps": None,
                             "mainjob/cpus/a-old": seeds(0.905),
                             "mainjob/cpus/b-measured": seeds(0.915)}.items():
         (tmp_path / folder).mkdir(parents=True)
@@ -467,8 +468,15 @@ def test_cpus_block_shows_the_step_measured_beside_each_run_where_there_is_one(t
     (tmp_path / "mainjob/cpus/b-measured/step_cost.json").write_text(steps(58.48))
     monkeypatch.setattr(render, "DOCS", str(tmp_path))
     rows = [row for row in render.mainjob_cpus_block().splitlines() if "abc1234" in row]
-    assert [(row.split(" | ")[5], row.split(" | ")[-1]) for row in rows] == [
-        ("91.00%", "95.2 |"), ("90.50%", "not measured |"), ("91.50%", "58.5 |")]
+    # a run scored on single views (before test-time flips) has the one accuracy in both
+    assert [(row.split(" | ")[5], row.split(" | ")[7], row.split(" | ")[-1]) for row in rows] == [
+        ("91.00%", "90.72%", "95.2 |"), ("90.50%", "90.50%", "not measured |"),
+        ("91.50%", "91.50%", "58.5 |")]
+    assert render.mainjob_line().startswith(
+        "**91.00% test accuracy** (each image's logits averaged with its mirror's; 90.72% from "
+        "the image alone) on the 10,000 Fashion-MNIST test images, the mean of seeds 0, 1 ")
+    assert render.mainjob_line(os.path.join("mainjob", "cpus", "a-old")).startswith(
+        "**90.50% test accuracy** on the 10,000 Fashion-MNIST")
 
 
 @backend_independent
@@ -634,7 +642,8 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
 
     def fake_main_sh(command, check):
         finish_run(command[2:], "seed 1's", {"test_accuracy": 0.9, "fit_seconds": 540.0,
-                                             "save_seconds": 0.2, "total_seconds": 560.0},
+                                             "save_seconds": 0.2, "total_seconds": 560.0,
+                                             "test_accuracy_single_view": 0.89},
                    {"0": {"epoch_seconds": 260.5}, "1": {"epoch_seconds": 270.0}})
         calls.append(command)
 
@@ -652,6 +661,13 @@ def test_mainjob_runs_missing_seeds_and_reports_their_mean(tmp_path, monkeypatch
     assert report["command"] == "bash scripts/main.sh --seed N --epochs 18"
     assert report["backend"] == keras.backend.backend()  # the runs', as result.json says
     assert (report["mean_test_accuracy"], report["min_test_accuracy"]) == (0.91, 0.9)
+    # seed 0 ran before test-time flips: no mean of single views over both seeds
+    assert "mean_test_accuracy_single_view" not in report
+    assert report["seeds"]["1"]["test_accuracy_single_view"] == 0.89
+    assert mainjob.summarise({"0": {"test_accuracy": 0.92, "test_accuracy_single_view": 0.915,
+                                    "fit_seconds": 60, "total_seconds": 60},
+                              "1": report["seeds"]["1"] | {"total_seconds": 560.0}}
+                             )["mean_test_accuracy_single_view"] == 0.9025
     assert (report["mean_fit_minutes"], report["max_fit_minutes"]) == (8.5, 9.0)
     assert ({seed: r["epochs_seconds"] for seed, r in report["seeds"].items()}
             == {"0": 470.3, "1": 530.5})  # the histories' epochs, summed

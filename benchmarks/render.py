@@ -108,9 +108,9 @@ def mainjob_tries_block(prefix: str) -> str:
              f"{t['fit_seconds'] - sum(t['epoch_seconds']):.0f}", f"`{t['command']}`"]
             for t in tries]
     return (table(["backend", "CPU", "epochs", "validation accuracy",
-                   "single view (with test-time flip)", "model.fit minutes",
-                   "median seconds per epoch", "model.fit seconds outside its epochs",
-                   "command"], rows)
+                   "validation accuracy, single view (runs with test-time flips)",
+                   "model.fit minutes", "median seconds per epoch",
+                   "model.fit seconds outside its epochs", "command"], rows)
             + f"\n\n{machines_sentence(tries)}")
 
 

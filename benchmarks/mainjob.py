@@ -45,7 +45,7 @@ def run_main_job(run_dir: str, flags: list[str], code: str | None) -> dict:
     if result is None:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, REVISION_FILE), "w") as file:
-            file.write(f"{code}\n")
+            file.write(f"{code or ''}\n")
         subprocess.run(["bash", "scripts/main.sh", *flags], check=True)
         result = train.finished_result(flags)
     if result["backend"] != keras.backend.backend():
@@ -61,12 +61,13 @@ def run_main_job(run_dir: str, flags: list[str], code: str | None) -> dict:
 
 
 def started_revision(run_dir: str) -> str | None:
-    """The code revision a run folder's run was started from, None where it is not known."""
+    """The code revision a run folder's run was started from, None where it is not known (no
+    file, or a run started outside a git checkout)."""
     path = os.path.join(run_dir, REVISION_FILE)
     if not os.path.exists(path):
         return None
     with open(path) as file:
-        return file.read().strip()
+        return file.read().strip() or None
 
 
 def run_seed(seed: int, run_dir: str, flags: list[str], code: str | None) -> dict:
@@ -111,12 +112,9 @@ def summarise(results: dict[str, dict]) -> dict:
     fit_minutes = [r["fit_seconds"] / 60 for r in results.values()]
     total_minutes = [r["total_seconds"] / 60 for r in results.values()]
     single_view = [r.get("test_accuracy_single_view") for r in results.values()]
-    if None not in single_view:
-        accuracy_single_view = {"mean_test_accuracy_single_view":
-                                round(statistics.mean(single_view), 4)}
-    else:
-        accuracy_single_view = {}
-    return {"mean_test_accuracy": round(statistics.mean(accuracy), 4), **accuracy_single_view,
+    single_view_mean = ({} if None in single_view else
+                        {"mean_test_accuracy_single_view": round(statistics.mean(single_view), 4)})
+    return {"mean_test_accuracy": round(statistics.mean(accuracy), 4), **single_view_mean,
             "min_test_accuracy": min(accuracy), "max_test_accuracy": max(accuracy),
             "mean_fit_minutes": round(statistics.mean(fit_minutes), 2),
             "max_fit_minutes": round(max(fit_minutes), 2),

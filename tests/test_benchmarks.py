@@ -722,6 +722,14 @@ def test_mainjob_refuses_a_seed_run_of_other_code(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError, match="from code of unknown revision, not from def5678"):
         mainjob.main(["--seeds", "0", "--out", str(runs), "--epochs", "18"])
     assert calls == []
+    # outside a git checkout no revision is known: a run started there is taken as it is
+    monkeypatch.setattr(mainjob, "revision", lambda tree: None)
+    monkeypatch.setattr(subprocess, "run", lambda command, check: finish_run(
+        command[2:], "seed 1's", {"test_accuracy": 0.9, "fit_seconds": 540.0,
+                                  "total_seconds": 560.0}, {"0": {"epoch_seconds": 530.0}}))
+    report = mainjob.main(["--seeds", "1", "--out", str(runs), "--epochs", "18"])
+    assert (runs / "seed1" / mainjob.REVISION_FILE).read_text() == "\n"
+    assert report["revision"] is None and report["mean_test_accuracy"] == 0.9
 
 
 def smoke_forward_flops() -> float:

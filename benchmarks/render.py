@@ -330,26 +330,40 @@ def allocator_steps_block() -> str:
             f"with {labels[0]}, {faults[1]:.0f} with {labels[1]}.")
 
 
-def mainjob_backends_block() -> str:
-    """The main job on each backend, all on one CPU: PyTorch's seeds of INTEL_RUN (the
-    default's) and docs/mainjob/backends/BACKEND/seeds.json, each beside what a training step
-    costs there (INTEL_RUN's step_cost.json, docs/mainjob/steps/BACKEND.json)."""
-    torch_run = os.path.join("mainjob", INTEL_RUN)
-    others = _seed_run_paths("backends")[1:]  # past the default's latest, which may be elsewhere
-    runs = [_json(os.path.join(torch_run, "seeds.json")), *map(_json, others)]
+def backends_table(folder: str, torch_steps: str) -> str:
+    """The main job on each backend, all on one CPU, beside what a training step costs there:
+    the default's seeds (docs/FOLDER/seeds.json, its step docs/TORCH_STEPS) and
+    docs/FOLDER/backends/BACKEND/seeds.json (its step docs/FOLDER/steps/BACKEND.json)."""
+    others = sorted(glob.glob(os.path.join(DOCS, folder, "backends", "*", "seeds.json")))
+    runs = [_json(os.path.join(folder, "seeds.json"))] + [
+        _json(os.path.relpath(path, DOCS)) for path in others]
     rows = []
     for run in runs:
-        steps = _json(os.path.join(torch_run, "step_cost.json") if run is runs[0] else
-                      os.path.join("mainjob", "steps", f"{run['backend']}.json"))
+        default = run is runs[0]
+        steps = _json(torch_steps if default else
+                      os.path.join(folder, "steps", f"{run['backend']}.json"))
         small, large = _batches(steps)
-        prefix = "" if run is runs[0] else f"KERAS_BACKEND={run['backend']} "
-        rows.append([run["backend"], f"{run['mean_test_accuracy']:.2%}", str(len(run["seeds"])),
-                     f"{run['mean_fit_minutes']:.1f}", f"{steps['ms_per_step'][small]:.1f}",
-                     f"{steps['ms_per_step'][large]:.1f}", f"{steps['fixed_ms_per_step']:.1f}",
-                     f"{steps['ms_per_image']:.3f}", f"`{prefix}{run['command']}`"])
-    return (table(["backend", "test accuracy", "seeds", "model.fit minutes",
+        prefix = "" if default else f"KERAS_BACKEND={run['backend']} "
+        rows.append([run["backend"], f"{run['mean_test_accuracy']:.2%}",
+                     f"{run.get('mean_test_accuracy_single_view', run['mean_test_accuracy']):.2%}",
+                     str(len(run["seeds"])), f"{run['mean_fit_minutes']:.1f}",
+                     f"{steps['ms_per_step'][small]:.1f}", f"{steps['ms_per_step'][large]:.1f}",
+                     f"{steps['fixed_ms_per_step']:.1f}", f"{steps['ms_per_image']:.3f}",
+                     f"`{prefix}{run['command']}`"])
+    return (table(["backend", "test accuracy", "single view", "seeds", "model.fit minutes",
                    f"ms per step of {small}", f"ms per step of {large}", "fixed ms per step",
                    "ms per image", "command"], rows) + f"\n\n{machines_sentence(runs)}")
+
+
+def mainjob_backends_block() -> str:
+    """The latest runs on each backend (docs/mainjob/)."""
+    return backends_table("mainjob", os.path.join("mainjob", "steps", "torch.json"))
+
+
+def mainjob_backends_intel_block() -> str:
+    """The earlier runs on each backend on the Intel Xeon (docs/mainjob/INTEL_RUN/)."""
+    folder = os.path.join("mainjob", INTEL_RUN)
+    return backends_table(folder, os.path.join(folder, "step_cost.json"))
 
 
 def setup_line() -> str:
@@ -563,7 +577,8 @@ BLOCKS = {"variants": variant_table, "pretrained": pretrained_table, "mainjob": 
           "mainjobfast": lambda: mainjob_tries_block("fast_"),
           "mainjobstretchtries": lambda: mainjob_tries_block("stretch_"),
           "mainjobstretch": mainjob_stretch_block,
-          "mainjobbackends": mainjob_backends_block, "mainjobcpus": mainjob_cpus_block,
+          "mainjobbackends": mainjob_backends_block,
+          "mainjobbackendsintel": mainjob_backends_intel_block, "mainjobcpus": mainjob_cpus_block,
           "mainjobavx2": mainjob_avx2_block, "mainjobsetup": setup_line,
           "mainjobstepoptions": mainjob_step_options_block,
           "parity": parity_block, "finetunememory": finetune_memory_block,

@@ -480,6 +480,37 @@ def test_cpus_block_shows_the_step_measured_beside_each_run_where_there_is_one(t
 
 
 @backend_independent
+def test_backends_table_puts_each_backends_run_beside_its_own_step(tmp_path, monkeypatch):
+    from benchmarks import render
+
+    machine = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}
+
+    def write(path, report):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(json.dumps(report))
+
+    def seeds(backend, accuracy, **single_view):
+        return {"machine": machine, "backend": backend, "seeds": {"0": {}},
+                "command": "bash scripts/main.sh --seed N", "mean_test_accuracy": accuracy,
+                "mean_fit_minutes": 5.0, **single_view}
+
+    def steps(small, large):
+        return {"ms_per_step": {"8": small, "128": large}, "fixed_ms_per_step": 1.0,
+                "ms_per_image": 0.5}
+
+    write("mainjob/seeds.json", seeds("torch", 0.915, mean_test_accuracy_single_view=0.91))
+    write("mainjob/steps/torch.json", steps(20.0, 70.0))
+    write("mainjob/backends/jax/seeds.json", seeds("jax", 0.912))
+    write("mainjob/steps/jax.json", steps(11.0, 250.0))
+    monkeypatch.setattr(render, "DOCS", str(tmp_path))
+    rows = [row.split(" | ")[:7] for row in render.mainjob_backends_block().splitlines()[2:4]]
+    # a run scored on single views has the one accuracy in both columns
+    assert rows == [["| torch", "91.50%", "91.00%", "1", "5.0", "20.0", "70.0"],
+                    ["| jax", "91.20%", "91.20%", "1", "5.0", "11.0", "250.0"]]
+    assert "KERAS_BACKEND=jax bash scripts/main.sh" in render.mainjob_backends_block()
+
+
+@backend_independent
 def test_hybrid_flop_count_adds_the_resnet_convolutions():
     import vit_keras as vk
     from benchmarks import runners
@@ -727,7 +758,8 @@ def test_mainjob_refuses_a_seed_run_of_other_code(tmp_path, monkeypatch):
     monkeypatch.setattr(subprocess, "run", lambda command, check: finish_run(
         command[2:], "seed 1's", {"test_accuracy": 0.9, "fit_seconds": 540.0,
                                   "total_seconds": 560.0}, {"0": {"epoch_seconds": 530.0}}))
-    report = mainjob.main(["--seeds", "1", "--out", str(runs), "--epochs", "18"])
+    report = mainjob.main(["--seeds", "1", "--out", str(runs), "--docs", str(tmp_path / "docs"),
+                           "--epochs", "18"])
     assert (runs / "seed1" / mainjob.REVISION_FILE).read_text() == "\n"
     assert report["revision"] is None and report["mean_test_accuracy"] == 0.9
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Creates .venv on Python 3.11 (what CI tests) with vit_keras and all three Keras backends, in
 # one pip run. `setup.sh main` stops there (what the main job needs); `setup.sh test`, the
-# default, installs the test, export and cv extras in that same run, then keras-hub. A .venv set
-# up for the same or a larger purpose from the same pyproject.toml and this script is left as
-# it is (its stamp says so), so a second run costs no pip resolution. Prints its seconds.
+# default, installs the test, export, cv and docs extras in that same run, then keras-hub. A
+# .venv set up for the same or a larger purpose from the same pyproject.toml and this script is
+# left as it is (its stamp says so), so a second run costs no pip resolution. Prints its
+# seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 purpose=${1:-test}
 case $purpose in
   main) extras="cpu,jax,torch" ;;
-  test) extras="cpu,jax,torch,export,test,cv" ;;
+  test) extras="cpu,jax,torch,export,test,cv,docs" ;;
   *) echo "setup.sh: expected 'main' or 'test', got '$purpose'" >&2; exit 2 ;;
 esac
 PYTHON=${PYTHON:-python3.11}

@@ -50,7 +50,7 @@ def test_each_purpose_installs_in_one_pip_run_and_stamps_it(tmp_path):
     assert "installed for 'main' in" in done.stdout
     done = setup(folder)  # the test suite's: a larger purpose than the stamp's
     assert done.returncode == 0, done.stderr
-    assert calls(folder)[1:] == ["-m pip install --quiet -e .[cpu,jax,torch,export,test,cv]",
+    assert calls(folder)[1:] == ["-m pip install --quiet -e .[cpu,jax,torch,export,test,cv,docs]",
                                  "-m pip install --quiet --no-deps keras-hub==0.32.0"]
     assert (folder / ".venv" / "setup-stamp").read_text().split() == [digest, "test"]
 

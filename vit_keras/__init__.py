@@ -1,6 +1,7 @@
 """vit_keras: the Vision Transformer of Dosovitskiy et al. (ICLR 2021) for Keras 3."""
 
 import contextlib as _contextlib
+import importlib as _importlib
 import importlib.util as _importlib_util
 import sys as _sys
 
@@ -13,7 +14,8 @@ if "tensorflow" not in _sys.modules and _importlib_util.find_spec("triton") is n
     with _contextlib.suppress(ImportError):
         import triton._C.libtriton  # noqa: F401
 
-from vit_keras import intermediates, layers, resnet, training  # they register .keras classes
+# layers, intermediates, resnet and training register the .keras classes they define.
+from vit_keras import distribute, intermediates, layers, preprocessing, resnet, training, weights
 from vit_keras.configs import VARIANTS, ViTConfig, get_config
 from vit_keras.intermediates import features
 from vit_keras.lora import lora, merge_lora
@@ -28,9 +30,27 @@ from vit_keras.weights import (
     save_npz,
     save_weights,
 )
+from vit_keras.weights.labels import decode_predictions
 
-__all__ = ["VARIANTS", "LoadReport", "ViTConfig", "features", "get_config", "intermediates",
-           "layers", "load_keras_hub", "load_npz", "load_pytorch_weights", "load_weights",
-           "lora", "merge_lora", "preprocess", "resnet", "save_npz", "save_weights", "training",
-           "vit"]
+# The public submodules are in __all__ beside the functions and classes. Those that import
+# TensorFlow when loaded (tf.data pipelines, SavedModel export) or that only some users need
+# load on first use (PEP 562), so that `import vit_keras` imports no TensorFlow: PyTorch and
+# JAX users have none.
+_LAZY_SUBMODULES = ("analysis", "data", "evaluation", "export", "masked")
+
+__all__ = ["VARIANTS", "LoadReport", "ViTConfig", "analysis", "data", "decode_predictions",
+           "distribute", "evaluation", "export", "features", "get_config", "intermediates",
+           "layers", "load_keras_hub", "load_npz", "load_pytorch_weights", "load_weights", "lora",
+           "masked", "merge_lora", "preprocess", "preprocessing", "resnet", "save_npz",
+           "save_weights", "training", "vit", "weights"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), *_LAZY_SUBMODULES})

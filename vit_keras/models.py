@@ -65,51 +65,96 @@ def vit(
     include_preprocessing: bool = False,
     name: str | None = None,
 ) -> keras.Model:
-    """Builds a Vision Transformer.
+    """Builds a Vision Transformer as a functional keras.Model.
 
-    variant: "B/16" and friends or a hybrid such as "R50+B/16" (see vk.VARIANTS), a
-    ViTConfig, or a dict of its fields.
-    The input is float images (batch, height, width, channels) in [-1, 1] (vk.preprocess).
-    The output is logits (include_top) or the pooled representation; float32 under any
-    mixed-precision policy, since the read-out and head run in float32.
-    classifier: "token" (the class token) or "gap" (global average pooling).
-    posemb: a kind of vit_keras.position_embeddings.POSITION_EMBEDDINGS; "relative" (the
-    paper's Appendix D.4) biases each block's attention logits instead of adding a table to
-    the tokens (docs/features.md).
-    approximate_gelu=True is the tanh GELU the official checkpoints were trained with;
-    False gives the exact erf GELU of timm and Hugging Face.
-    attention_kernel: "auto", "fused" or "einsum" (vit_keras.kernels).
-    remat: recompute each block in the backward pass instead of keeping its activations
-    (layers.TransformerBlock), for models that do not fit otherwise.
-    stochastic_depth_rate: drop-path rate of the last block, rising linearly from 0.
-    patch_drop_rate: the share of patch tokens each training image leaves out before the
-    blocks (layers.PatchDropout): cheaper steps and an augmentation; inference sees all.
-    weights: a local .npz / .keras / .weights.h5 / PyTorch file, or a pre-trained name such
-    as "augreg_in21k" (vit_keras.weights.pretrained), downloaded once into the Keras cache.
-    dynamic_image_size: take images of any height and width that are multiples of the patch
-    size (a hybrid's cell), fitting the position embeddings to each image's grid inside the
-    model (AddPositionEmbedding); image_size is then the size they are learned at, and the
-    outputs at that size are the fixed-size model's (docs/features.md).
-    include_preprocessing: the model takes raw pixels, uint8 or float in [0, 255], and
-    scales them to [-1, 1] itself, as vk.preprocess does (a float32 Rescaling layer named
-    "preprocessing" before the patch embedding). The name is Keras Applications' option for
-    the same thing; keras-hub's image models do it in their preprocessor. Off by default: the
-    official input is [-1, 1], which the data pipelines, apps and exports supply.
+    Layers are named after the official checkpoint tree (embedding, cls,
+    Transformer/encoderblock_{i}, Transformer/encoder_norm, pre_logits, head), so loading a
+    checkpoint is a name map; the options of the weight families after the paper add layers
+    of their own and leave that tree as it is. Every option has the paper's default, and the
+    families' options are named as timm names them (docs/weights.md).
 
-    The options of the weight families after the paper (docs/weights.md), each off by
-    default, named as timm names them:
-    layer_scale: LayerScale's initial value on every residual branch (DeiT III, DINOv2).
-    qkv_bias=False: query, key and value without biases; proj_bias=False: attention's output
-    projection and the MLP without biases. qk_norm: LayerNorm on each head's
-    query and key. pre_norm: a LayerNorm before the first block, and a patch embedding
-    without bias (CLIP). mlp_activation: "gelu" or "quick_gelu" (OpenAI's CLIP).
-    num_register_tokens: learned tokens after the class token that take no position
-    embedding and are not read out (DINOv2 with registers). class_token: None gives one
-    exactly when the classifier reads it; True with classifier="gap" keeps one that the
-    average leaves out (MAE). fc_norm: the final LayerNorm after pooling instead of before
-    (MAE and BEiT fine-tuned). distilled: DeiT's distillation token after the class token,
-    with a second head; the logits are the two heads' mean and the features the two tokens'
-    mean, as DeiT infers. layer_norm_epsilon: every LayerNorm's (CLIP's are 1e-5).
+    The input is float images (batch, height, width, channels) in [-1, 1] (vk.preprocess),
+    unless include_preprocessing is set. The output is the logits (include_top) or the pooled
+    representation, float32 under any mixed-precision policy, since the read-out and the head
+    run in float32.
+
+    Args:
+        variant: "B/16" and friends, or a hybrid such as "R50+B/16" (see vk.VARIANTS); a
+            ViTConfig; or a dict of its fields.
+        image_size: the input's size, an int or (height, width); a multiple of the patch size
+            (of a hybrid's cell: ResNet stride times patch size).
+        num_classes: the head's width; ignored when include_top is False.
+        classifier: "token" reads out the class token; "gap" averages the patch tokens.
+        representation_size: when given, a Dense layer of that width with tanh ("pre_logits")
+            between the pooled token and the head, as the paper's pre-training head has.
+        posemb: a kind of vit_keras.position_embeddings.POSITION_EMBEDDINGS: "learned",
+            "learned2d", "sincos2d", "none", or "relative" (the paper's Appendix D.4), which
+            biases each block's attention logits instead of adding a table to the tokens
+            (docs/features.md).
+        dropout_rate: dropout after the position embedding, after each block's attention
+            and inside its MLP.
+        attention_dropout_rate: dropout on the attention probabilities; it takes the einsum
+            attention kernel, the only one that exposes them.
+        stochastic_depth_rate: the drop-path rate of the last block, rising linearly from 0
+            at the first.
+        patch_drop_rate: the share of patch tokens each training image leaves out before the
+            blocks (layers.PatchDropout): cheaper steps and an augmentation; inference sees
+            every patch.
+        include_top: False ends the model at the pooled representation, without a head.
+        weights: None (random), a local .npz, .keras, .weights.h5 or PyTorch file, or a
+            pre-trained name such as "augreg_in21k" (vit_keras.weights.pretrained), downloaded
+            once into the Keras cache.
+        approximate_gelu: True is the tanh GELU the official checkpoints were trained with;
+            False is the exact erf GELU of timm and Hugging Face.
+        attention_kernel: "auto", "fused" or "einsum" (vit_keras.kernels); "auto" takes the
+            backend's fused kernel where it has one.
+        remat: recompute each block in the backward pass instead of keeping its activations
+            (layers.TransformerBlock), for models that do not fit otherwise.
+        layer_scale: LayerScale's initial value on every residual branch (DeiT III, DINOv2);
+            None for none.
+        qkv_bias: False builds query, key and value without biases.
+        proj_bias: False builds the attention's output projection and the MLP without
+            biases.
+        qk_norm: a LayerNorm on each head's query and key.
+        pre_norm: a LayerNorm before the first block, and a patch embedding without bias
+            (CLIP).
+        mlp_activation: "gelu", or "quick_gelu" (OpenAI's CLIP).
+        num_register_tokens: learned tokens after the class token that take no position
+            embedding and are not read out (DINOv2 with registers).
+        class_token: None gives one exactly when the classifier reads it; True with
+            classifier="gap" keeps one that the average leaves out (MAE).
+        fc_norm: the final LayerNorm after pooling instead of before (MAE and BEiT
+            fine-tuned).
+        distilled: DeiT's distillation token after the class token, with a second head; the
+            logits are the two heads' mean and the features the two tokens' mean, as DeiT
+            infers.
+        layer_norm_epsilon: every LayerNorm's epsilon (CLIP's are 1e-5).
+        head_bias_init: the initial value of every logit's bias; the head's kernel starts at
+            zero, as the paper's fine-tuning head does, so a new model's logits all equal it
+            (a negative value starts a sigmoid loss at low probabilities).
+        channels: the images' channels.
+        dynamic_image_size: take images of any height and width that are multiples of the
+            patch size (a hybrid's cell), fitting the position embeddings to each image's
+            grid inside the model (AddPositionEmbedding); image_size is then the size they
+            are learned at, and the outputs at that size are the fixed-size model's
+            (docs/features.md).
+        include_preprocessing: the model takes raw pixels, uint8 or float in [0, 255], and
+            scales them to [-1, 1] itself, as vk.preprocess does (a float32 Rescaling layer
+            named "preprocessing" before the patch embedding). The name is Keras
+            Applications' option for the same thing. Off by default: the official input is
+            [-1, 1], which the data pipelines, apps and exports supply.
+        name: the model's name; by default from the variant, such as "vit_b_16".
+
+    Returns:
+        A functional keras.Model: images in, logits or features out.
+
+    Raises:
+        ValueError: an unknown variant, classifier, position embedding, attention kernel or
+            MLP activation; a rate outside [0, 1); an image size the patches do not divide;
+            a pre-trained name without a checkpoint for this variant; or options that
+            contradict each other (classifier="token" without a class token, distilled
+            without classifier="token", patch dropout with a relative position embedding,
+            remat with dropout).
     """
     config = get_config(variant)
     class_token = classifier == "token" or distilled if class_token is None else class_token

@@ -3,8 +3,13 @@ with a .keras model or any export: SavedModel folder, .tflite or .onnx.
 
 vit-keras predict runs/fashion_mnist/model.keras shoe.png bag.jpg [--top-k 3]
 vit-keras predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
+vit-keras predict augreg_in21k_ft_in1k --variant B/16 photo.jpg
 Labels come from labels.txt beside the model unless --labels names another file; either must
 hold one name per class of the model.
+A pre-trained release name (vit-keras variants --pretrained lists them) in place of a model
+builds vk.vit(VARIANT, weights=NAME), downloaded once into the Keras cache, scales the images
+as those weights expect and names ImageNet's classes (vk.decode_predictions); an existing file
+or folder of that name wins over the release.
 """
 
 import os
@@ -30,8 +35,11 @@ def read_labels(path: str, count: int, given: bool) -> list[str]:
 
 def main(argv=None):
     parser = app_parser("predict", __doc__)
-    parser.add_argument("model", help="a .keras file, SavedModel folder, .tflite or .onnx")
+    parser.add_argument("model", help="a .keras file, SavedModel folder, .tflite or .onnx, or "
+                                       "a pre-trained release name (an existing path wins)")
     parser.add_argument("images", nargs="+", help="image files or folders")
+    parser.add_argument("--variant", help="the release's checkpoint to run, e.g. Ti/16, where "
+                                          "the model is a release name")
     parser.add_argument("--top-k", type=positive_int, default=3,
                         help="how many labels to print per image")
     parser.add_argument("--labels", help="one class name a line (default: labels.txt beside "
@@ -45,9 +53,16 @@ def main(argv=None):
     from vit_keras import data
     from vit_keras.export import Predictor
     from vit_keras.export.runtimes import sides_text
+    from vit_keras.weights import pretrained
 
+    if not os.path.exists(args.model) and pretrained.is_name(args.model):
+        return predict_release(args)
+    if args.variant is not None:
+        raise ValueError(f"--variant picks a pre-trained release's checkpoint, but "
+                         f"{args.model!r} is a model on disk: leave --variant out")
     if not os.path.exists(args.model):
-        raise FileNotFoundError(f"model {args.model!r} does not exist")
+        raise FileNotFoundError(f"model {args.model!r} does not exist, nor is it a pre-trained "
+                                f"release name ({', '.join(pretrained.names())})")
     model = Predictor(args.model)
     paths = image_paths(args.images)
     *size, channels = model.input_shape
@@ -66,6 +81,35 @@ def main(argv=None):
         best = np.argsort(-row)[:args.top_k]
         results.append([(labels[i], float(row[i])) for i in best])
         print(f"{path}: " + ", ".join(f"{labels[i]} {row[i]:.3f}" for i in best))
+    return results
+
+
+def predict_release(args) -> list:
+    """The top-k ImageNet classes of each image by a release's model, built as vk.vit builds
+    it from the name, preprocessed as its weights expect (the README's first example)."""
+    import vit_keras as vk
+    from vit_keras import data
+    from vit_keras.weights import labels, pretrained
+
+    release = pretrained.PRETRAINED[args.model]
+    if args.variant is None:
+        raise ValueError(f"{args.model!r} is a pre-trained release: give --variant, one of "
+                         f"{', '.join(release.checkpoints)}")
+    if args.labels or args.image_size:
+        raise ValueError(f"{'--labels' if args.labels else '--image-size'} is for a model file: "
+                         f"release {args.model!r} names its own classes at its own size")
+    labels.release_label_set(args.model)  # CLIP's projection or no head: refused unfetched
+    entry = pretrained.checkpoint(args.variant, args.model)
+    paths = image_paths(args.images)
+    model = vk.vit(args.variant, image_size=entry.resolution, num_classes=entry.num_classes,
+                   weights=args.model, **release.options)
+    pixels = data.load_image_files(paths, entry.resolution)
+    logits = model.predict(vk.preprocess(pixels, model), verbose=0)
+    results = vk.decode_predictions(logits, top=args.top_k, model=model)
+    for path, best in zip(paths, results, strict=True):
+        print(f"{path}:")
+        for synset, name, probability in best:
+            print(f"  {probability:.1%} {name} ({synset})")
     return results
 
 

@@ -13,9 +13,11 @@ Markers, HTML comments on the lines just before a block, adapt a block for the t
     <!-- test: serve pretrained NAME VARIANT -->
                                         pre-trained names download from a loopback server
                                         that holds a random checkpoint of NAME for VARIANT,
-                                        in the layout of its release's file
+                                        in the layout of its release's file, into an empty
+                                        Keras cache of the block's own
     <!-- not run: REASON -->            the block is shown but not run, for the reason given
 A shell block's lines run with bash; lines of a shell block are commands a reader types.
+Each page's folder holds photo.jpg (tests/data/), the image the pretrained examples read.
 """
 
 import dataclasses
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +38,7 @@ import pytest
 from tests.conftest import in_tensorflow_pass, write_release_file
 
 ROOT = Path(__file__).parents[1]
+PHOTO = Path(__file__).parent / "data" / "photo.jpg"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"((?:<!-- (?:test|not run): [^\n]*? -->\n)*)```(\w+)\n(.*?)```", re.S)
 MARKER = re.compile(r"<!-- (test|not run): (.*?) -->")
@@ -49,8 +53,10 @@ class Block:
     code: str
     markers: list[tuple[str, str]]
 
-    def prepared(self) -> tuple[str, dict]:
-        """The code with its substitutions, and its environment variables."""
+    def prepared(self, keras_home: Path) -> tuple[str, dict]:
+        """The code with its substitutions, and its environment variables; a block that serves
+        pre-trained weights downloads them into keras_home, so that no block reads a file
+        another one downloaded."""
         code, env = self.code, {}
         for kind, text in self.markers:
             if kind != "test":
@@ -60,7 +66,8 @@ class Block:
                 assert old in code, f"{self.page}:{self.line}: {old!r} is not in the block"
                 code = code.replace(old, new)
             elif text.startswith("serve pretrained "):
-                env.update(serve_pretrained(*text.split()[2:]))
+                env["VIT_KERAS_WEIGHTS_URL"] = serve_pretrained(*text.split()[2:])
+                env["KERAS_HOME"] = str(keras_home)
             elif re.fullmatch(r"[A-Z_]+=\S*", text):
                 key, value = text.split("=", 1)
                 env[key] = value
@@ -74,9 +81,9 @@ class Block:
 
 
 @functools.cache
-def serve_pretrained(name: str, variant: str) -> dict:
-    """A loopback server holding a random checkpoint of `name` for `variant`; the environment
-    that points the registry (and an empty Keras cache) at it."""
+def serve_pretrained(name: str, variant: str) -> str:
+    """The address of a loopback server holding a random checkpoint of `name` for `variant`
+    (VIT_KERAS_WEIGHTS_URL), written once per test process."""
     import tempfile
 
     root = Path(tempfile.mkdtemp())
@@ -84,8 +91,7 @@ def serve_pretrained(name: str, variant: str) -> dict:
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return {"VIT_KERAS_WEIGHTS_URL": f"http://127.0.0.1:{server.server_port}/",
-            "KERAS_HOME": str(root / "keras_home")}
+    return f"http://127.0.0.1:{server.server_port}/"
 
 
 def page_blocks(page: Path) -> list[Block]:
@@ -200,8 +206,8 @@ def run_forked_commands(codes: list[str], folder: Path) -> tuple[int | None, str
     return status, stdout, stderr
 
 
-def run_block(block: Block, folder: Path) -> None:
-    code, extra_env = block.prepared()
+def run_block(block: Block, folder: Path, keras_home: Path) -> None:
+    code, extra_env = block.prepared(keras_home)
     commands = app_commands(code) if block.language != "python" else None
     # a block that sets environment variables itself does so before its imports: it needs
     # an interpreter that has imported nothing yet
@@ -232,20 +238,30 @@ def page_test_class(page: Path) -> type:
         def folder(tmp_path_factory):
             folder = tmp_path_factory.mktemp(page.stem)
             (folder / "docs").symlink_to(ROOT / "docs")
+            shutil.copyfile(PHOTO, folder / PHOTO.name)
             return folder
 
         @pytest.mark.parametrize("block", blocks, ids=[f"line{b.line}" for b in blocks])
-        def test_example_runs(self, block, folder, request):
+        def test_example_runs(self, block, folder, request, tmp_path):
             failed = getattr(request.cls, "failed", None)
             if failed:
                 pytest.fail(f"an earlier example of {page.name} failed ({failed})")
             try:
-                run_block(block, folder)
+                run_block(block, folder, tmp_path / "keras_home")
             except BaseException:
                 request.cls.failed = f"line {block.line}"
                 raise
 
     return Page
+
+
+@in_tensorflow_pass
+def test_each_block_that_serves_weights_downloads_into_a_cache_of_its_own(tmp_path):
+    markers = [("test", "serve pretrained augreg_in21k_ft_in1k Ti/16")]
+    envs = [Block("page.md", line, "python", "pass\n", markers).prepared(tmp_path / str(line))[1]
+            for line in (1, 9)]
+    assert [env["KERAS_HOME"] for env in envs] == [str(tmp_path / "1"), str(tmp_path / "9")]
+    assert envs[0]["VIT_KERAS_WEIGHTS_URL"] == envs[1]["VIT_KERAS_WEIGHTS_URL"]  # one server
 
 
 for _page in PAGES:

@@ -13,11 +13,24 @@ def _is_positive_int(value) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ViTConfig:
-    """Shape of a Vision Transformer: everything that fixes its parameter count.
+    """The shape of a Vision Transformer: everything that fixes its parameter count, and
+    nothing else (dropout, position embeddings and the families' options are vk.vit's
+    arguments). vk.VARIANTS holds the paper's; any other shape is a ViTConfig of its own.
 
-    resnet_layers makes a hybrid: None is a plain ViT; a tuple gives the bottleneck units of
-    each ResNet stage after the stem ((), the stem alone), and patch_size then cuts the
-    ResNet's feature map, not the image.
+    Args:
+        hidden_size: the token width D.
+        num_layers: the encoder blocks.
+        num_heads: the attention heads; they divide hidden_size.
+        mlp_dim: the MLP's hidden width.
+        patch_size: the side of a square patch in pixels, or in the ResNet's feature map's
+            cells for a hybrid.
+        resnet_layers: None for a plain ViT; for a hybrid, the bottleneck units of each
+            ResNet stage after the stem (an empty tuple: the stem alone).
+        resnet_width: a hybrid's ResNet width (the stem's channels).
+
+    Raises:
+        ValueError: a size that is not a positive int, num_heads not dividing hidden_size,
+            or resnet_layers not a tuple of positive ints.
     """
 
     hidden_size: int
@@ -47,10 +60,12 @@ class ViTConfig:
 
     @property
     def head_dim(self) -> int:
+        """Each attention head's width."""
         return self.hidden_size // self.num_heads
 
     @property
     def is_hybrid(self) -> bool:
+        """Whether a ResNet stem comes before the patch embedding."""
         return self.resnet_layers is not None
 
     @property
@@ -109,6 +124,8 @@ def parse_variant(name: str) -> ViTConfig:
 
 VARIANTS: dict[str, ViTConfig] = {name: parse_variant(name)
                                    for name in (*OFFICIAL, *HYBRID_SHAPES)}
+"""The variants with official checkpoints and the paper's hybrids, by name ("Ti/16",
+"B/16", "R50+B/16", ...). Any "{size}/{patch}" with size Ti, S, B, L or H parses too."""
 
 
 def variant_name(config: ViTConfig) -> str | None:
@@ -123,7 +140,20 @@ def variant_name(config: ViTConfig) -> str | None:
 
 
 def get_config(variant: str | ViTConfig | dict) -> ViTConfig:
-    """Accept a variant name, a ViTConfig, or a dict of ViTConfig fields (custom shapes)."""
+    """The ViTConfig of a variant, however it is given: every function that takes a
+    variant accepts these three forms.
+
+    Args:
+        variant: a name ("B/16", any "{size}/{patch}" with size Ti, S, B, L or H, or a
+            hybrid in vk.VARIANTS such as "R50+B/16"), a ViTConfig (returned as it is), or a
+            dict of ViTConfig's fields for a custom shape.
+
+    Returns:
+        The ViTConfig.
+
+    Raises:
+        ValueError: an unknown name, or fields that make no valid shape.
+    """
     if isinstance(variant, ViTConfig):
         return variant
     if isinstance(variant, dict):

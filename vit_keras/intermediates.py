@@ -15,6 +15,8 @@ from vit_keras import configs
 from vit_keras.layers import TransformerBlock
 from vit_keras.position_embeddings import AddPositionEmbedding, image_grid
 
+__all__ = ["PatchTokens", "built_image_size", "features", "find_vit", "takes_any_size"]
+
 POOLED = "pooled"
 
 
@@ -25,8 +27,20 @@ def is_vit(model: keras.Model) -> bool:
 
 
 def find_vit(model: keras.Model) -> tuple[keras.Model, keras.Model | None]:
-    """The ViT in model (model itself, or a ViT nested as a layer of it, at any depth) and a
-    model from model's inputs to the ViT's images (None when model is the ViT)."""
+    """Finds the ViT in a model: the model itself, or a ViT nested as a layer of it at any
+    depth (a classifier wrapped around a ViT backbone, a model with preprocessing in front),
+    so that the tools for a ViT's insides take either.
+
+    Args:
+        model: a keras.Model that is or contains a vk.vit model.
+
+    Returns:
+        (vit, feeder): the ViT, and a keras.Model from model's inputs to the ViT's images, or
+        None when model is the ViT itself.
+
+    Raises:
+        ValueError: model has no ViT in it.
+    """
     if is_vit(model):
         return model, None
     for layer in model.layers:
@@ -87,14 +101,28 @@ def final_norm(vit: keras.Model):
 
 
 def takes_any_size(vit: keras.Model) -> bool:
-    """Whether the model was built with dynamic_image_size (its input's height and width are
-    None)."""
+    """Whether a ViT was built with dynamic_image_size, taking images of any size: its
+    input's height and width are None.
+
+    Args:
+        vit: a vk.vit model.
+
+    Returns:
+        True for a model that takes any size.
+    """
     return None in vit.input.shape[1:3]
 
 
 def built_image_size(vit: keras.Model) -> tuple[int, int]:
-    """The image size the ViT's position embedding is built for: its input size, unless it
-    takes any size."""
+    """The image size a ViT's position embedding is built for: its input size, or for a model
+    that takes any size (dynamic_image_size), the size its embedding is learned at.
+
+    Args:
+        vit: a vk.vit model.
+
+    Returns:
+        (height, width) in pixels.
+    """
     if not takes_any_size(vit):
         return tuple(vit.input.shape[1:3])
     layer = vit.get_layer(configs.POSITION_EMBEDDING)
@@ -127,8 +155,16 @@ def block_indices(blocks: int | Sequence[int], depth: int) -> list[int]:
 @keras.saving.register_keras_serializable(package="vit_keras")
 class PatchTokens(keras.layers.Layer):
     """Splits tokens (batch, prefix + patches, D) into the prefix tokens (batch, prefix, D) and
-    the patch tokens, as a (batch, grid_h, grid_w, D) map when spatial; the grid is the
-    images' size over stride, so it follows the input of a dynamic-size model."""
+    the patch tokens, as a (batch, grid_h, grid_w, D) map when spatial. The grid is the
+    images' size over stride, read from the images each call, so it follows the input of a
+    model that takes any size.
+
+    Args:
+        num_prefix_tokens: the class, distillation and register tokens before the patches.
+        stride: pixels per token along each side (the patch size; a hybrid's cell).
+        spatial: reshape the patch tokens to the image's grid; False keeps them a sequence.
+        **kwargs: a Keras layer's arguments (name, dtype).
+    """
 
     def __init__(self, num_prefix_tokens: int, stride: int, spatial: bool = True, **kwargs):
         super().__init__(**kwargs)
@@ -162,16 +198,33 @@ class PatchTokens(keras.layers.Layer):
 def features(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = True,
              spatial: bool = True, prefix_tokens: bool = False, pooled: bool = False,
              name: str | None = None) -> keras.Model:
-    """A keras.Model from model's inputs to a dict of features of the ViT in it (find_vit):
+    """What a ViT computes on the way to its output, as a functional keras.Model that
+    serialises and exports: any blocks' tokens, the patch tokens as image-shaped maps, and the
+    pooled representation (timm's forward_intermediates), for detection, segmentation,
+    retrieval and probing. The ViT may sit inside a bigger model (find_vit).
 
-    "block{i}": block i's patch tokens, (batch, grid_h, grid_w, D) if spatial, else
-    (batch, patches, D); "block{i}_prefix": its prefix tokens (batch, prefix, D), with
-    prefix_tokens=True on a model that has them; "pooled": the representation the head
-    reads (pre_logits, else the pooled tokens), with pooled=True.
-    blocks: n for the last n blocks, or block indices (negative ones count from the end).
-    norm: pass each block's tokens through the encoder's final LayerNorm, as the last
-    block's are before pooling (False: the raw residual stream; a model with fc_norm has no
-    such norm).
+    Args:
+        model: a vk.vit model, or a model with one inside.
+        blocks: n for the last n blocks, or block indices (negative ones count from the end).
+        norm: pass each block's tokens through the encoder's final LayerNorm, as the last
+            block's are before pooling; False gives the raw residual stream (a model with
+            fc_norm has no such norm, and gives it either way).
+        spatial: patch tokens as (batch, grid_h, grid_w, D) maps; False keeps them
+            (batch, patches, D).
+        prefix_tokens: also output each block's prefix tokens (class, distillation,
+            registers), on a model that has them.
+        pooled: also output the representation the head reads (pre_logits, else the pooled
+            tokens).
+        name: the model's name; by default the ViT's name with "_features".
+
+    Returns:
+        A keras.Model from model's inputs to a dict: "block{i}" (block i's patch tokens),
+        "block{i}_prefix" (its prefix tokens, with prefix_tokens) and "pooled" (with
+        pooled).
+
+    Raises:
+        ValueError: model has no ViT in it, or blocks asks for a block it does not have or
+            for one twice.
     """
     vit, feeder = find_vit(model)
     indices = block_indices(blocks, len(blocks_of(vit)))

@@ -9,6 +9,8 @@ from vit_keras import configs
 from vit_keras.weights.assign import load_params
 from vit_keras.weights.npz import model_params
 
+__all__ = ["TARGETS", "lora", "merge_lora"]
+
 # The dense layers of an encoder block that can take adapters, by their checkpoint names.
 TARGETS = ("query", "key", "value", "out", "Dense_0", "Dense_1")
 
@@ -26,10 +28,32 @@ def _block_dense_layers(model: keras.Model):
 
 def lora(model: keras.Model, rank: int = 8, targets=("query", "value"),
          alpha: float | None = None, train_head: bool = True) -> keras.Model:
-    """Freezes `model` and gives the targeted dense layers of every encoder block trainable
-    rank-`rank` adapters (kernel += alpha / rank * A B, B starting at zero, so the outputs do
-    not change); the head and pre_logits stay trainable unless train_head=False. In place;
-    returns the model."""
+    """Freezes a ViT and gives the targeted dense layers of every encoder block trainable
+    low-rank adapters, with Keras' own enable_lora.
+
+    Each adapted kernel becomes kernel + alpha / rank * A B, with B starting at zero, so the
+    model computes what it did until it trains; its biases stay frozen. The head and
+    pre_logits stay trainable by default, since a new task's head starts untrained. The
+    model changes in place.
+
+    Args:
+        model: a vk.vit model.
+        rank: the adapters' rank, a positive int.
+        targets: which dense layers of each block take adapters, some of TARGETS: "query",
+            "key", "value", "out" (attention) and "Dense_0", "Dense_1" (the MLP). The default,
+            query and value, is the LoRA paper's.
+        alpha: the adapters' scale numerator (kernel + alpha / rank * A B); None is rank, a
+            scale of 1, as Keras' enable_lora has it.
+        train_head: False freezes the head and pre_logits too, leaving only the adapters
+            trainable.
+
+    Returns:
+        The same model, for chaining.
+
+    Raises:
+        ValueError: targets empty or naming a layer outside TARGETS, or rank not a positive
+            int.
+    """
     unknown = set(targets) - set(TARGETS)
     if unknown or not targets:
         raise ValueError(f"LoRA targets must be some of {', '.join(TARGETS)}, got "
@@ -63,8 +87,16 @@ def _without_lora(config):
 
 
 def merge_lora(model: keras.Model) -> keras.Model:
-    """A plain copy of a LoRA model: the same function, the adapters added into the kernels,
-    no LoRA weights left (what save_npz writes too)."""
+    """A plain copy of a LoRA model: the same function, with each adapter added into its
+    kernel and no LoRA weights left, so it saves, exports and loads as a model without LoRA
+    (save_npz writes the same merged kernels).
+
+    Args:
+        model: a model given adapters by lora (or any ViT; one without adapters is copied).
+
+    Returns:
+        A new keras.Model with the same layers, without adapters; model is not changed.
+    """
     plain = keras.Model.from_config(_without_lora(model.get_config()))
     load_params(plain, model_params(model), source=model.name, layout="merged LoRA model")
     return plain

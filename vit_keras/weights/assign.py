@@ -57,7 +57,22 @@ MODEL_OPTIONS = (
 
 @dataclasses.dataclass
 class LoadReport:
-    """What a load did: the caller is told about every key that was not a plain copy."""
+    """What a load did, key by key, so that the caller is told about every array that was not
+    a plain copy (str() gives it in a few lines). Keys are the checkpoint's canonical names
+    (the official .npz tree).
+
+    Args:
+        source: the file or object the weights came from.
+        layout: the checkpoint's layout ("official .npz", "timm", a keras-hub ViT, ...).
+        loaded: the keys copied into the model, resampled ones included.
+        resampled: key -> how it was fitted to the model (position embeddings of another
+            grid).
+        reinitialised: the head's keys set to zero because the checkpoint's head does not fit
+            the model (a new task's head, the fine-tuning convention).
+        dropped: the checkpoint's keys that the model has no place for by its options (a
+            head, pre_logits or class token it was built without).
+        unused: any other key of the checkpoint the model did not take (also warned about).
+    """
 
     source: str
     layout: str

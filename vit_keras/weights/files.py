@@ -29,13 +29,30 @@ def read_keras_model(path: str) -> keras.Model:
 
 
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
-    """Loads `weights` into `model`, choosing the reader by the file name: official .npz,
-    .keras, .weights.h5, timm / Hugging Face weights (.safetensors, .pth, .pt, .bin), or a
-    keras-hub preset directory (metadata.json; vit_keras.weights.keras_hub). A
-    pre-trained name (vit_keras.weights.pretrained) is fetched first for `variant`. A .keras
-    model's weights load by name, as an .npz file's do, so its position embeddings are
-    resampled for a model of another image size. Returns what the readers report, None for
-    .weights.h5 files."""
+    """Loads weights into a model, choosing the reader by the file name, so that one call
+    takes every layout vit_keras reads. Every reader but .weights.h5 loads by checkpoint
+    name and checks the whole file before assigning anything: position embeddings are
+    resampled for a model of another image size, and a head that does not fit starts at
+    zero (both said in the report).
+
+    Args:
+        model: a vk.vit model built with the checkpoint's options.
+        weights: a pre-trained name (vit_keras.weights.pretrained, fetched once into the
+            Keras cache), an official .npz, a .keras model, a .weights.h5 file, timm or
+            Hugging Face weights (.safetensors, .pth, .pt, .bin), or a keras-hub preset
+            directory (with metadata.json).
+        variant: the variant whose checkpoint a pre-trained name stands for ("B/16");
+            unused for files.
+
+    Returns:
+        The LoadReport of what was loaded, or None for a .weights.h5 file (Keras' own
+        loader, which matches variables by position).
+
+    Raises:
+        FileNotFoundError: a file that does not exist.
+        ValueError: neither a pre-trained name nor a known file type, or a checkpoint that
+            does not fit the model (its message names the vk.vit option that differs).
+    """
     path = os.fspath(pretrained.resolve(weights, variant))
     if not os.path.exists(path):
         if not os.path.splitext(path)[1] and os.sep not in path:  # a word: a misspelt name
@@ -63,8 +80,19 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
 
 
 def save_weights(model: keras.Model, path: str, overwrite: bool = False) -> None:
-    """Writes .npz (official layout), .keras (whole model) or .weights.h5, never over a file
-    that exists unless overwrite=True."""
+    """Writes a model's weights in the format its file name says, never over a file that
+    exists unless asked.
+
+    Args:
+        model: a vk.vit model.
+        path: a .npz file (the official checkpoint layout, LoRA adapters merged), a .keras
+            file (the whole model) or a .weights.h5 file (Keras' weights).
+        overwrite: replace a file that exists.
+
+    Raises:
+        FileExistsError: path exists and overwrite is False.
+        ValueError: a file name of another type.
+    """
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path!r} exists; pass overwrite=True to replace it")

@@ -88,8 +88,22 @@ def canonical_arrays(model: keras.Model) -> dict[str, np.ndarray]:
 
 
 def load_keras_hub(model: keras.Model, source) -> LoadReport:
-    """Loads a keras-hub ViTBackbone or ViTImageClassifier (an object, or a preset
-    directory) into `model`, a vk.vit built with approximate_gelu=False."""
+    """Loads a keras-hub ViT into a vk.vit model, so that keras-hub users can move over.
+    keras-hub's ViT is the paper's model with the exact erf GELU, so the model is built with
+    approximate_gelu=False.
+
+    Args:
+        model: a vk.vit model of the same shape, built with approximate_gelu=False.
+        source: a keras_hub ViTBackbone or ViTImageClassifier object, or a preset directory
+            saved from one.
+
+    Returns:
+        The LoadReport of what was loaded.
+
+    Raises:
+        ValueError: a variable of no known name, an option vk.vit cannot build (an MLP or
+            patch embedding without biases), or a model of another shape.
+    """
     hub_model = keras_hub_model(source)
     name = os.fspath(source) if isinstance(source, str | os.PathLike) else hub_model.name
     return load_params(model, canonical_arrays(hub_model), name, LAYOUT)

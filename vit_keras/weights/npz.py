@@ -143,11 +143,24 @@ def read_npz_shape(path: str) -> NpzModel:
 
 
 def load_npz(model: keras.Model, path: str, resample: str = "auto") -> LoadReport:
-    """Loads an official .npz checkpoint (vit_jax, AugReg, Linen, big_vision, scanned).
+    """Loads an official .npz checkpoint into a model: the vit_jax, AugReg, Linen, big_vision
+    and scanned layouts, each rewritten to the canonical pre-Linen names first. The whole
+    file is checked before anything is assigned, so a checkpoint that does not fit changes
+    nothing.
 
-    resample: how to resize the position embedding to a new grid; "auto" is the official
-    scipy zoom for vit_jax files and half-pixel bilinear for big_vision files (what each
-    codebase does itself).
+    Args:
+        model: a vk.vit model built with the checkpoint's options.
+        path: the .npz file.
+        resample: how the position embedding is fitted to another grid: "zoom" (scipy's
+            spline zoom, as vit_jax does), "bilinear" (half-pixel bilinear, as big_vision
+            does), or "auto", each file's own codebase's way.
+
+    Returns:
+        The LoadReport of what was loaded, resampled or left out.
+
+    Raises:
+        ValueError: a checkpoint that does not fit the model (another depth, a missing key,
+            a shape or option that differs, named in the message).
     """
     params, layout, grid_only = canonicalize(read_npz(path))
     if resample == "auto":
@@ -163,7 +176,17 @@ def model_params(model: keras.Model) -> dict[str, np.ndarray]:
 
 
 def save_npz(model: keras.Model, path: str, overwrite: bool = False) -> None:
-    """Writes the weights in the official pre-Linen .npz layout (readable by vit_jax, timm)."""
+    """Writes a model's weights in the official pre-Linen .npz layout, which vit_jax and timm
+    read; LoRA adapters are merged into their kernels.
+
+    Args:
+        model: a vk.vit model.
+        path: the .npz file to write.
+        overwrite: replace a file that exists.
+
+    Raises:
+        FileExistsError: path exists and overwrite is False.
+    """
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path!r} exists; pass overwrite=True to replace it")

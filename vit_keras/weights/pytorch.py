@@ -354,7 +354,24 @@ def _posemb_is_grid_only(posemb: np.ndarray, has_cls: bool, model: keras.Model) 
 
 
 def load_pytorch_weights(model: keras.Model, source) -> LoadReport:
-    """Loads a timm or Hugging Face ViT state dict (a path or a dict of arrays) into `model`."""
+    """Loads a timm or Hugging Face ViT state dict into a model. Reading is strict: every key
+    is used or reported, a feature vit_keras does not build is refused by name, and a part
+    the model and the file do not share is refused naming the vk.vit option. These weights
+    were trained (or converted to run) with the exact erf GELU: build the model with
+    approximate_gelu=False.
+
+    Args:
+        model: a vk.vit model built with the checkpoint's options.
+        source: a .safetensors file, a torch state-dict file (.pth, .pt, .bin; read with
+            weights_only=True), or a dict of arrays (a state dict in memory).
+
+    Returns:
+        The LoadReport of what was loaded.
+
+    Raises:
+        ValueError: neither a timm nor a Hugging Face ViT, DeiT or DINOv2 state dict, keys of
+            a model vit_keras does not build, or a checkpoint that does not fit the model.
+    """
     name = os.fspath(source) if isinstance(source, str | os.PathLike) else "state dict"
     arrays, others = (read_state_dict(source) if isinstance(source, str | os.PathLike)
                       else ({k: np.asarray(v) for k, v in source.items()}, []))

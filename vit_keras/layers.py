@@ -30,6 +30,16 @@ _register = keras.saving.register_keras_serializable(package="vit_keras")
 
 
 def layer_norm(name: str, epsilon: float = LAYER_NORM_EPSILON) -> keras.layers.LayerNormalization:
+    """A LayerNormalization with Flax's epsilon, 1e-6 by default: Keras' own 1e-3 would break
+    parity with the official checkpoints.
+
+    Args:
+        name: the layer's name (its scope in the checkpoint tree).
+        epsilon: added to the variance.
+
+    Returns:
+        The keras.layers.LayerNormalization.
+    """
     return keras.layers.LayerNormalization(epsilon=epsilon, name=name)
 
 
@@ -104,6 +114,16 @@ class PatchEmbedding(keras.layers.Layer):
     One strided convolution, kernel (P, P, C, D) as in the official checkpoints; the output is
     the flattened grid of patch tokens, (batch, grid_h * grid_w, D), for images of the size it
     was built for, or of any size when built with height and width None.
+
+    Args:
+        patch_size: the side P of a square patch, in pixels.
+        hidden_size: the token width D.
+        use_bias: add a bias to each token (CLIP's embedding has none).
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: images of another rank, a size the patches do not divide, or another
+            number of channels than the layer was built for.
     """
 
     def __init__(self, patch_size: int, hidden_size: int, use_bias: bool = True, **kwargs):
@@ -113,6 +133,17 @@ class PatchEmbedding(keras.layers.Layer):
         self.use_bias = use_bias
 
     def grid_size(self, image_size) -> tuple[int, int]:
+        """The grid of patches an image of this size is cut into.
+
+        Args:
+            image_size: an int or (height, width) in pixels.
+
+        Returns:
+            (rows, columns) of patches.
+
+        Raises:
+            ValueError: a side the patch size does not divide.
+        """
         height, width = as_pair(image_size, "image_size")
         for side in (height, width):
             if side % self.patch_size:
@@ -193,7 +224,14 @@ class PrefixTokens(keras.layers.Layer):
     """Inserts num_tokens learned tokens after the first `after` tokens: DeiT's distillation
     token (after the class token) or register tokens (Darcet et al. 2024, after the class
     token and any distillation token). Random-normal initialised, so that several tokens
-    start apart."""
+    start apart.
+
+    Args:
+        num_tokens: how many tokens to insert.
+        after: how many tokens come before them.
+        stddev: the standard deviation of their initial values.
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+    """
 
     def __init__(self, num_tokens: int, after: int = 1, stddev: float = 0.02, **kwargs):
         super().__init__(**kwargs)
@@ -229,7 +267,17 @@ class PatchDropout(keras.layers.Layer):
     a step then costs about that share of a full one, and the random subsets augment the
     data. At inference it passes every token through, and so does a frozen layer
     (trainable=False: a frozen backbone's features keep their grid, as a frozen
-    BatchNormalization keeps to inference)."""
+    BatchNormalization keeps to inference).
+
+    Args:
+        rate: the share of patch tokens to leave out, in [0, 1).
+        num_prefix_tokens: the tokens before the patches, always kept.
+        seed: the random seed of the kept subsets; None draws one.
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: a rate outside [0, 1).
+    """
 
     def __init__(self, rate: float, num_prefix_tokens: int = 0, seed: int | None = None,
                  **kwargs):
@@ -276,7 +324,31 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     position_bias: a kind of position embedding that biases the logits (biases_attention in
     vit_keras.position_embeddings, "relative"), whose weights this layer then holds, for
     sequences of num_prefix_tokens tokens followed by num_patches patches (another count of
-    patches fitted by the kind's rule); None for none.
+    patches fitted by the kind's rule).
+
+    Args:
+        num_heads: the attention heads; they divide the token width.
+        dropout_rate: dropout on the attention probabilities, in training.
+        attention_kernel: how the attention itself is computed, one of
+            vit_keras.kernels.ATTENTION_KERNELS ("auto", "fused", "einsum").
+        qkv_bias: False leaves out the biases of query, key and value (timm's
+            qkv_bias=False); out keeps its bias unless proj_bias is False.
+        qk_norm: a LayerNorm over each head's query and key before their product (Dehghani et
+            al. 2023; timm's qk_norm).
+        norm_epsilon: the epsilon of the qk_norm LayerNorms.
+        proj_bias: False builds out without a bias.
+        position_bias: a kind of position embedding that biases the logits ("relative"),
+            whose weights this layer then holds; None for none.
+        num_patches: the patches position_bias's weights are built for.
+        num_prefix_tokens: the tokens before the patches, which position_bias treats apart.
+        sublayers: the sub-layers' configs saved by get_config, so that a quantized or LoRA
+            layer loads back as it was; None builds them afresh.
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: an unknown attention kernel, a position_bias that is not a kind that
+            biases attention or comes without num_patches, or num_heads not dividing the
+            token width.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
@@ -331,8 +403,14 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
             POSITION_EMBEDDINGS[self.position_bias].build_attention(self)
 
     def logit_bias(self, query):
-        """What position_bias adds to the logits for query (batch, tokens, heads, D_h), or
-        None."""
+        """What position_bias adds to the attention logits.
+
+        Args:
+            query: the queries (batch, tokens, heads, D_h).
+
+        Returns:
+            The bias (batch, heads, tokens, tokens), or None without position_bias.
+        """
         if not self.position_bias:
             return None
         return POSITION_EMBEDDINGS[self.position_bias].attention_bias(self, query)
@@ -342,13 +420,28 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         .dense) instead of through their Keras calls, which cost an eager backend many times
         the arithmetic of a small model. The general path serves what the direct one cannot:
         the probabilities, attention dropout in training, qk_norm, and projections that LoRA or
-        quantization changed."""
+        quantization changed.
+
+        Args:
+            training: whether the call is in training.
+            return_attention_scores: whether the call returns the probabilities.
+
+        Returns:
+            True where the direct path serves the call.
+        """
         return (not return_attention_scores and not self.qk_norms
                 and not (training and self.dropout_rate)
                 and all(map(plain_dense, (self.query, self.key, self.value, self.out))))
 
     def direct(self, x):
-        """call(x) on the direct path (takes_direct_path)."""
+        """call(x) on the direct path (takes_direct_path).
+
+        Args:
+            x: the tokens (batch, tokens, D).
+
+        Returns:
+            The layer's output for x.
+        """
         query, key, value = (kernels.dense(x, layer) for layer in (self.query, self.key,
                                                                     self.value))
         bias = None
@@ -409,13 +502,23 @@ def check_position_bias(kind: str | None, num_patches: int | None) -> str | None
 
 @_register
 class MlpBlock(SavesSublayers, keras.layers.Layer):
-    """Dense(mlp_dim) -> GELU -> dropout -> Dense(D) -> dropout, official initialisers.
+    """Dense(mlp_dim) -> GELU -> dropout -> Dense(D) -> dropout, with the official
+    initialisers. The Dense layers see the tokens as one (batch * tokens, D) matrix, the
+    shape every backend's matrix multiply takes directly.
 
-    approximate_gelu: the tanh GELU of the official checkpoints, or the exact erf GELU of
-    timm and Hugging Face. activation: a name in MLP_ACTIVATIONS ("quick_gelu" for OpenAI's
-    CLIP). use_bias=False: both Dense layers without biases. The Dense layers see the tokens
-    as one (batch * tokens, D) matrix, the shape every backend's matrix multiply takes
-    directly.
+    Args:
+        mlp_dim: the hidden width.
+        dropout_rate: dropout after each Dense layer, in training.
+        approximate_gelu: the tanh GELU of the official checkpoints; False is the exact erf
+            GELU of timm and Hugging Face.
+        activation: a name in MLP_ACTIVATIONS: "gelu", or "quick_gelu" (OpenAI's CLIP).
+        use_bias: False builds both Dense layers without biases.
+        sublayers: the sub-layers' configs saved by get_config, so that a quantized or LoRA
+            layer loads back as it was; None builds them afresh.
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: an unknown activation.
     """
 
     SUBLAYERS = (("dense_0", "Dense_0"), ("dense_1", "Dense_1"))
@@ -445,12 +548,26 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
 
     def takes_direct_path(self, training=None) -> bool:
         """Whether call() computes the Dense layers from their variables, as attention's
-        direct path: not with dropout in training, LoRA or quantized kernels."""
+        direct path: not with dropout in training, LoRA or quantized kernels.
+
+        Args:
+            training: whether the call is in training.
+
+        Returns:
+            True where the direct path serves the call.
+        """
         return (not (training and self.dropout_rate) and plain_dense(self.dense_0)
                 and plain_dense(self.dense_1))
 
     def direct(self, x):
-        """call(x) on the direct path (takes_direct_path)."""
+        """call(x) on the direct path (takes_direct_path).
+
+        Args:
+            x: the tokens (batch, tokens, D).
+
+        Returns:
+            The layer's output for x.
+        """
         hidden = MLP_ACTIVATIONS[self.activation](kernels.dense(x, self.dense_0),
                                                   self.approximate_gelu)
         return kernels.dense(hidden, self.dense_1)
@@ -478,8 +595,12 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
 @no_quantization
 class LayerScale(keras.layers.Layer):
     """x * gamma, a learned per-channel scale of a residual branch (Touvron et al., "Going
-    deeper with image transformers", 2021; DeiT III and DINOv2 use it), gamma starting at
-    init_value."""
+    deeper with image transformers", 2021; DeiT III and DINOv2 use it).
+
+    Args:
+        init_value: gamma's initial value, on every channel.
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+    """
 
     def __init__(self, init_value: float = 1e-5, **kwargs):
         super().__init__(**kwargs)
@@ -514,12 +635,36 @@ class TransformerBlock(keras.layers.Layer):
     pass (keras.remat), trading compute for activation memory. Stochastic depth draws its
     masks outside the recomputed part; dropout inside it would draw new ones, so remat
     requires dropout_rate and attention_dropout_rate 0.
-    layer_scale: LayerScale's initial value on both branches, z' = ls(MSA(LN(z))) + z; None
-    (the paper's block) for none. qkv_bias, qk_norm: see MultiHeadDotProductAttention;
-    mlp_activation: see MlpBlock. norm_epsilon: every LayerNorm's (CLIP's are 1e-5).
-    proj_bias=False: attention's output projection and the MLP without biases (timm's
-    proj_bias). position_bias, num_patches, num_prefix_tokens: see
-    MultiHeadDotProductAttention (relative position embeddings).
+
+    Args:
+        num_heads: the attention heads.
+        mlp_dim: the MLP's hidden width.
+        dropout_rate: dropout after attention and inside the MLP, in training.
+        attention_dropout_rate: dropout on the attention probabilities, in training.
+        drop_path_rate: the stochastic depth rate of both residual branches.
+        approximate_gelu: the tanh GELU of the official checkpoints; False is the exact erf
+            GELU.
+        attention_kernel: "auto", "fused" or "einsum" (vit_keras.kernels).
+        remat: keep only the block's input in training and recompute the rest in the
+            backward pass.
+        seed: the random seed of stochastic depth's masks; None draws one.
+        layer_scale: LayerScale's initial value on both branches, z' = ls(MSA(LN(z))) + z;
+            None (the paper's block) for none.
+        qkv_bias: see MultiHeadDotProductAttention.
+        qk_norm: see MultiHeadDotProductAttention.
+        mlp_activation: see MlpBlock.
+        norm_epsilon: every LayerNorm's epsilon (CLIP's are 1e-5).
+        proj_bias: False builds attention's output projection and the MLP without biases
+            (timm's proj_bias).
+        position_bias: see MultiHeadDotProductAttention (relative position embeddings).
+        num_patches: see MultiHeadDotProductAttention.
+        num_prefix_tokens: see MultiHeadDotProductAttention.
+        sublayers: the attention's and MLP's saved sub-layer configs, from get_config;
+            None builds them afresh.
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: remat with a dropout rate above 0, or an option its sub-layers refuse.
     """
 
     def __init__(self, num_heads: int, mlp_dim: int, dropout_rate: float = 0.0,
@@ -638,7 +783,18 @@ class TransformerBlock(keras.layers.Layer):
 class TokenPooling(keras.layers.Layer):
     """The classifier's read-out: the prefix token at index `token` ("token": 0 is the class
     token, 1 DeiT's distillation token; "mean" of both is DeiT's feature), or the mean over
-    the patch tokens ("gap"), leaving out the num_prefix_tokens before them as timm does."""
+    the patch tokens ("gap"), leaving out the num_prefix_tokens before them as timm does.
+
+    Args:
+        method: "token" or "gap".
+        num_prefix_tokens: the tokens before the patches, which "gap" leaves out.
+        token: the index of the token "token" reads, or "mean" for the mean of the first
+            two (DeiT's class and distillation tokens).
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: an unknown method.
+    """
 
     METHODS = ("token", "gap")
 

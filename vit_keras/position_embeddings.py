@@ -296,6 +296,21 @@ class AddPositionEmbedding(keras.layers.Layer):
     call(tokens, images=...) fits the table to the images' grid instead (images of
     stride-pixel cells): learned tables resampled by `resample` (RESAMPLING_METHODS),
     sincos2d computed for that grid. At grid_size the table is the built one, unchanged.
+
+    Args:
+        grid_size: the grid of patches the table is built for, an int or (rows, columns).
+        num_prefix_tokens: the tokens before the patches that take an embedding (the class
+            token, DeiT's distillation token).
+        kind: a name in POSITION_EMBEDDINGS: "learned", "learned2d", "sincos2d", "none" or
+            "relative".
+        stride: pixels per grid cell, needed to fit the table to images of another size.
+        resample: how a learned table is fitted to another grid, one of
+            RESAMPLING_METHODS ("zoom", "bilinear").
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+
+    Raises:
+        ValueError: an unknown kind or resampling method, or tokens of another count than
+            the grid's.
     """
 
     def __init__(self, grid_size, num_prefix_tokens: int = 1, kind: str = "learned",
@@ -313,6 +328,7 @@ class AddPositionEmbedding(keras.layers.Layer):
 
     @property
     def num_tokens(self) -> int:
+        """The tokens the layer takes at grid_size: prefix tokens and patches."""
         return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
 
     def build(self, input_shape):
@@ -325,8 +341,14 @@ class AddPositionEmbedding(keras.layers.Layer):
         POSITION_EMBEDDINGS[self.kind].build(self, input_shape[-1])
 
     def embedding(self, grid=None):
-        """The (1, tokens, D) table that call() adds for grid (default: grid_size); None for
-        a kind that adds nothing."""
+        """The table that call() adds for a grid.
+
+        Args:
+            grid: (rows, columns) of patches; None for grid_size.
+
+        Returns:
+            The (1, tokens, D) table, or None for a kind that adds nothing to the tokens.
+        """
         return POSITION_EMBEDDINGS[self.kind].table(self, grid or self.grid_size)
 
     def call(self, tokens, images=None):

@@ -12,6 +12,8 @@ import keras
 
 from vit_keras import kernels
 
+__all__ = ["GroupNorm", "MaxPool", "ResidualUnit", "StdConv", "resnet_stem"]
+
 GROUP_NORM_GROUPS = 32
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's default
 WEIGHT_STD_EPSILON = 1e-5  # added to the kernel's standard deviation, as vit_jax does
@@ -44,7 +46,15 @@ def group_norm(name: str, **kwargs) -> GroupNorm:
 class StdConv(keras.layers.Conv2D):
     """Convolution whose kernel is standardised per output filter (zero mean, unit standard
     deviation over height, width and input channels) on every call. The variable keeps the raw
-    kernel, which is what the checkpoints store."""
+    kernel, which is what the checkpoints store. SAME padding, no bias and Flax's
+    lecun_normal initialiser unless the keyword arguments say otherwise.
+
+    Args:
+        filters: the output channels.
+        kernel_size: the kernel's side, or (height, width).
+        strides: the convolution's stride.
+        **kwargs: keras.layers.Conv2D's other arguments.
+    """
 
     def __init__(self, filters, kernel_size, strides=1, **kwargs):
         kwargs.setdefault("padding", "same")
@@ -61,7 +71,13 @@ class StdConv(keras.layers.Conv2D):
 class ResidualUnit(keras.layers.Layer):
     """Bottleneck unit: 1x1 -> 3x3 (strided) -> 1x1 to 4 x features channels, GroupNorm after
     each, added to the input (projected by conv_proj + gn_proj when the shape changes), ReLU.
-    gn3 starts at zero, so a fresh unit passes its shortcut through."""
+    gn3 starts at zero, so a fresh unit passes its shortcut through.
+
+    Args:
+        features: the bottleneck's channels; the unit outputs 4 x features.
+        strides: the 3x3 convolution's stride (2 halves the map).
+        **kwargs: a Keras layer's arguments (name, dtype, trainable).
+    """
 
     def __init__(self, features: int, strides: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -113,8 +129,19 @@ class ResidualUnit(keras.layers.Layer):
 
 
 def resnet_stem(images, stage_units: tuple[int, ...], width: int = 64):
-    """The root (7x7/2 StdConv, GroupNorm, ReLU, 3x3/2 max-pool) and the bottleneck stages;
-    stage i has width * 2**i features, and every stage after the first halves the map."""
+    """The hybrids' ResNet on a functional model's images: the root (7x7/2 StdConv,
+    GroupNorm, ReLU, 3x3/2 max-pool) and the bottleneck stages; stage i has width * 2**i
+    features, and every stage after the first halves the map.
+
+    Args:
+        images: the symbolic images (batch, height, width, channels).
+        stage_units: the ResidualUnits of each stage; an empty tuple is the root alone.
+        width: the root's channels.
+
+    Returns:
+        The feature map, a quarter of the images' size for the root alone, halved again by
+        each stage after the first.
+    """
     x = StdConv(width, 7, 2, name="conv_root")(images)
     x = group_norm("gn_root")(x)
     x = keras.layers.ReLU(name="root_relu")(x)

@@ -16,6 +16,8 @@ import os
 
 import keras
 
+__all__ = ["KINDS", "Distribution", "choose", "prepare_model", "vit_layout_map"]
+
 KINDS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel", "model-parallel")
 
 
@@ -24,6 +26,16 @@ TENSORFLOW_KINDS = ("tpu", "mirrored", "multiworker")
 
 @dataclasses.dataclass
 class Distribution:
+    """The distribution choose() set up: what the training loop needs to know of it, the same
+    on every backend.
+
+    Args:
+        kind: one of KINDS but "auto": what was chosen.
+        num_replicas: the replicas the global batch is split over.
+        strategy: the tf.distribute strategy, or the keras.distribution object (JAX); None
+            for one device.
+    """
+
     kind: str
     num_replicas: int  # the global batch is split over these
     strategy: object = None  # the tf.distribute strategy, or the keras.distribution object
@@ -32,18 +44,38 @@ class Distribution:
         """A fresh context to build and compile the model in, each time it is called (a
         strategy's scope object can be entered once), used as a strategy's: `with
         distribution.scope():`. The TensorFlow strategy's scope; none for JAX, whose
-        distribution is set globally, and for one device."""
+        distribution is set globally, and for one device.
+
+        Returns:
+            The context manager.
+        """
         if self.kind in TENSORFLOW_KINDS:
             return self.strategy.scope()
         return contextlib.nullcontext()
 
     def global_batch(self, per_replica_batch: int) -> int:
+        """The batch of one step over all replicas.
+
+        Args:
+            per_replica_batch: the batch each replica takes.
+
+        Returns:
+            per_replica_batch times num_replicas.
+        """
         return per_replica_batch * self.num_replicas
 
 
 def vit_layout_map(mesh) -> keras.distribution.LayoutMap:
     """Megatron-style sharding of a ViT over the mesh's "model" axis: attention heads and
-    the MLP's hidden units are split; everything else is replicated."""
+    the MLP's hidden units are split, so that each device holds a share of every block;
+    everything else is replicated.
+
+    Args:
+        mesh: a keras.distribution.DeviceMesh with a "model" axis.
+
+    Returns:
+        The keras.distribution.LayoutMap, for keras.distribution.ModelParallel.
+    """
     layout = keras.distribution.LayoutMap(mesh)
     layout[r".*MultiHeadDotProductAttention_1/(query|key|value)/kernel"] = (None, "model", None)
     layout[r".*MultiHeadDotProductAttention_1/(query|key|value)/bias"] = ("model", None)
@@ -118,7 +150,25 @@ def _jax(kind: str, model_axis: int) -> Distribution:
 
 
 def choose(kind: str = "auto", tpu: str | None = None, model_axis: int = 2) -> Distribution:
-    """The distribution for `kind` on the current backend ("auto": what the hardware has)."""
+    """Sets up the distribution for the current Keras backend with what TensorFlow and Keras
+    provide. On TensorFlow, build and compile the model inside the result's scope(); on JAX
+    the distribution is set globally (keras.distribution.set_distribution).
+
+    Args:
+        kind: one of KINDS. "auto" picks what the hardware has: a TPU (tpu or TPU_NAME), several
+            workers (TF_CONFIG), several GPUs, or every JAX device; else "none". "tpu",
+            "mirrored" and "multiworker" are TensorFlow's strategies; "data-parallel" and
+            "model-parallel" JAX's.
+        tpu: the TPU's name or address, for "tpu".
+        model_axis: the devices each model is sharded over, for "model-parallel".
+
+    Returns:
+        The Distribution.
+
+    Raises:
+        ValueError: an unknown kind, a kind for another backend (PyTorch trains on one
+            process), or devices that do not split into model_axis.
+    """
     if kind not in KINDS:
         raise ValueError(f"unknown distribution {kind!r}: expected one of {', '.join(KINDS)}")
     backend = keras.backend.backend()
@@ -137,6 +187,7 @@ def choose(kind: str = "auto", tpu: str | None = None, model_axis: int = 2) -> D
 
 def prepare_model(model: keras.Model, distribution: Distribution) -> keras.Model:
     """Applies the workarounds a distribution needs; call it after compile, before fit.
+    training.train calls it itself.
 
     MultiWorkerMirroredStrategy, two failures of Keras 3.15's TensorFlow trainer:
     1. it builds the model from its first batch by `strategy.reduce("MEAN", batch)`, which
@@ -147,6 +198,13 @@ def prepare_model(model: keras.Model, distribution: Distribution) -> keras.Model
        on 0-d values ("Invalid reduction dimension 0"); the logs leave each replica as
        1-element vectors, and that same reduce averages them to the scalars Keras expects.
     Gradients are all-reduced by the strategy as before: training itself is unchanged.
+
+    Args:
+        model: the compiled model.
+        distribution: what choose() returned.
+
+    Returns:
+        The same model, patched for "multiworker" and unchanged for any other kind.
     """
     if distribution.kind != "multiworker":
         return model

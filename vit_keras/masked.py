@@ -29,6 +29,9 @@ from vit_keras.intermediates import (
 )
 from vit_keras.layers import PatchDropout
 
+__all__ = ["TARGETS", "MaskedPatchCorruption", "Target", "compile_masked_patch_model",
+           "draw_corruption", "masked_patch_model", "masked_patch_pipeline"]
+
 MASK_SHARE, RANDOM_SHARE = 0.8, 0.1  # of the corrupted patches; the rest (10%) are kept
 COLOR_BITS = 3
 LEVELS = 2**COLOR_BITS
@@ -53,9 +56,17 @@ def image_patches(images, patch_size: int):
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """What is predicted for each corrupted patch. make(patches in [0, 1] (batch, N, P, P, C),
-    color_channels) gives the targets; outputs(color_channels) is the head's shape per patch;
-    classification: cross-entropy over classes (the last output axis), else L2 regression."""
+    """What is predicted for each corrupted patch: one record per kind in TARGETS, so that a
+    new target is one more entry.
+
+    Args:
+        name: the target's name in TARGETS.
+        make: make(patches in [0, 1] (batch, N, P, P, C), color_channels) gives the targets.
+        outputs: outputs(color_channels) is the head's shape per patch (None for "pixels",
+            whose shape is the patch's).
+        classification: cross-entropy over classes (the last output axis); False is L2
+            regression.
+    """
 
     name: str
     make: Callable
@@ -102,7 +113,17 @@ def draw_corruption(batch: int, count: int, rate: float, seed):
     """(selected, sources, masked), each (batch, count): which patches are corrupted (exactly
     round(rate * count) an image), the patch each token's embedding is taken from (itself,
     or a random other patch for the RANDOM_SHARE), and which become the [mask] embedding.
-    seed: a stateless seed, two int32 values."""
+    Stateless, so that a seed gives the same corruption on every run.
+
+    Args:
+        batch: the images in the batch.
+        count: the patches per image.
+        rate: the share of patches corrupted.
+        seed: a stateless seed, two int32 values.
+
+    Returns:
+        (selected, sources, masked) tensors, each (batch, count).
+    """
     seeds = tf.random.experimental.stateless_split(seed, 3)
     order = tf.argsort(tf.random.stateless_uniform((batch, count), seeds[0]), axis=1)
     ranks = tf.argsort(order, axis=1)
@@ -123,9 +144,24 @@ def masked_patch_pipeline(batches: tf.data.Dataset, patch_size: int,
     """Batches of ([-1, 1] images, labels) -> ({"images", "sources", "masked"}, targets,
     weights): the labels are dropped, the corruption drawn per batch from (seed, batch index)
     and the targets computed from the uncorrupted images; weights are 1 on the corrupted
-    patches (on each of their predictions), which alone the loss counts. color_channels: 3
-    for colour, 1 for grayscale images (repeated to RGB or not): their mean intensity in 3
-    bits, 8 classes."""
+    patches (on each of their predictions), which alone the loss counts.
+
+    Args:
+        batches: a dataset of ([-1, 1] images, labels) batches (data.make_pipeline).
+        patch_size: the model's patch size.
+        target: a name in TARGETS: "mean_color" (the paper's), "downsized" or "pixels".
+        rate: the share of patches corrupted, in (0, 1] (the paper's 50%).
+        color_channels: 3 for colour, 1 for grayscale images (repeated to RGB or not): their
+            mean intensity in 3 bits, 8 classes.
+        seed: the seed the corruption of each batch is drawn from, with its index.
+
+    Returns:
+        The tf.data.Dataset of (inputs, targets, weights) for masked_patch_model.
+
+    Raises:
+        ValueError: a rate outside (0, 1], an unknown target, or "downsized" with a patch
+            size that is not a multiple of 4.
+    """
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"corruption rate must be in (0, 1], got {rate!r}")
     kind = check_target(target)
@@ -151,7 +187,8 @@ def masked_patch_pipeline(batches: tf.data.Dataset, patch_size: int,
 @keras.saving.register_keras_serializable(package="vit_keras")
 class MaskedPatchCorruption(keras.layers.Layer):
     """Patch tokens as the pipeline corrupted them: each token becomes the embedding of the
-    patch `sources` names, and the learned [mask] embedding where `masked`."""
+    patch `sources` names, and the learned [mask] embedding where `masked`. Called as
+    layer(tokens, sources=..., masked=...), each (batch, patches)."""
 
     def build(self, input_shape):
         self.mask_embedding = self.add_weight(
@@ -172,7 +209,20 @@ def masked_patch_model(backbone: keras.Model, target: str = "mean_color",
                        color_channels: int = 3) -> keras.Model:
     """{"images", "sources", "masked"} -> per-patch predictions (batch, patches, *outputs),
     through the backbone's own layers (a plain vk.vit, not a hybrid), so training this model
-    trains the backbone; the head "mpp_head" is this model's alone."""
+    trains the backbone; the head "mpp_head" is this model's alone, and fine-tuning leaves it
+    behind.
+
+    Args:
+        backbone: a plain vk.vit model without patch dropout.
+        target: a name in TARGETS.
+        color_channels: 3 for colour, 1 for grayscale (as the pipeline's).
+
+    Returns:
+        The keras.Model that masked_patch_pipeline's batches train.
+
+    Raises:
+        ValueError: an unknown target, a hybrid backbone, or one that drops patches.
+    """
     kind = check_target(target)
     names = [layer.name for layer in backbone.layers]
     embedding = backbone.get_layer(configs.EMBEDDING)
@@ -210,7 +260,20 @@ def compile_masked_patch_model(model: keras.Model, recipe: training.Recipe, tota
                                target: str = "mean_color") -> keras.Model:
     """training.compile_model for this objective (training.train(compile=...)): the recipe's
     optimizer; cross-entropy over the classes (L2 for "pixels") counted on the corrupted
-    patches only (the pipeline's weights), and accuracy likewise for the classes."""
+    patches only (the pipeline's weights), and accuracy likewise for the classes.
+
+    Args:
+        model: a masked_patch_model.
+        recipe: the training recipe (its optimizer and schedule).
+        total_steps: the training steps, for the schedule.
+        learning_rate: overrides the recipe's peak learning rate.
+        jit_compile: as keras.Model.compile's.
+        steps_per_execution: as keras.Model.compile's.
+        target: the model's target, a name in TARGETS.
+
+    Returns:
+        The compiled model.
+    """
     kind = check_target(target)
     if kind.classification:
         loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

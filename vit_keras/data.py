@@ -20,6 +20,10 @@ import tensorflow as tf
 
 from vit_keras.preprocessing import unit_range
 
+__all__ = ["FASHION_MNIST_CLASSES", "from_arrays", "from_folder", "from_tfds",
+           "inception_crop", "load_fashion_mnist", "load_image_files", "load_source",
+           "make_pipeline", "pad_crop", "read_idx", "sample_images", "split_last"]
+
 AUTOTUNE = tf.data.AUTOTUNE
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
@@ -27,7 +31,19 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
 def from_arrays(images: np.ndarray, labels: np.ndarray) -> tf.data.Dataset:
-    """NumPy images (N, H, W[, C]) uint8 and integer labels (N,)."""
+    """A dataset of (image, label) pairs from arrays in memory, the source make_pipeline
+    takes.
+
+    Args:
+        images: uint8 images (N, height, width) or (N, height, width, channels).
+        labels: integer class indices (N,).
+
+    Returns:
+        The tf.data.Dataset of (uint8 image (height, width, channels), int64 label).
+
+    Raises:
+        ValueError: images of another rank, or a count of labels other than of images.
+    """
     images = np.asarray(images)
     if images.ndim == 3:
         images = images[..., None]
@@ -75,7 +91,21 @@ def _check_tfds_name(name: str) -> None:
 
 def from_tfds(name: str, split: str, data_dir: str | None = None,
               shuffle_files: bool = False) -> tuple[tf.data.Dataset, list[str]]:
-    """A tfds dataset as (image, label) pairs, and its class names."""
+    """A TensorFlow Datasets dataset as (image, label) pairs, and its class names; a name
+    tfds does not know is refused in one line with the closest known name.
+
+    Args:
+        name: the tfds name, with a version or config if wanted ("cifar10", "mnist:3.0.1").
+        split: the tfds split ("train", "test", "train[:90%]").
+        data_dir: where tfds keeps its data; None for its default.
+        shuffle_files: shuffle the dataset's files (tfds' own option).
+
+    Returns:
+        (dataset, class names); the names are empty where the dataset has none.
+
+    Raises:
+        ValueError: a name that is not a tfds dataset.
+    """
     import tensorflow_datasets as tfds
 
     _check_tfds_name(name)
@@ -92,7 +122,19 @@ def load_source(dataset: str = "fashion_mnist", split: str = "train", folder: st
                 on_error: str = "skip") -> tuple[tf.data.Dataset, list[str]]:
     """(image, label) pairs and class names from one of the three sources the apps offer: a
     folder of class sub-folders (when `folder` is given), Fashion-MNIST from its offline IDX
-    files ("fashion_mnist"), or any tfds dataset by name."""
+    files ("fashion_mnist"), or any tfds dataset by name.
+
+    Args:
+        dataset: "fashion_mnist" or a tfds name; unused with folder.
+        split: the split to read ("train" or "test" for Fashion-MNIST).
+        folder: a folder of class sub-folders of images (from_folder).
+        data_dir: where tfds keeps its data, or a folder of Fashion-MNIST's IDX files.
+        on_error: for a folder: "skip" leaves a file that does not decode out with a
+            warning, "raise" stops at it.
+
+    Returns:
+        (dataset, class names).
+    """
     if folder:
         return from_folder(folder, on_error=on_error)
     if dataset == "fashion_mnist":
@@ -104,7 +146,18 @@ def split_last(dataset: tf.data.Dataset,
                count: int) -> tuple[tf.data.Dataset, tf.data.Dataset]:
     """(all but the last `count` examples, the last `count`): a validation split held out of
     the training data, the same examples on every run, so that choices made on it leave the
-    test split unread."""
+    test split unread.
+
+    Args:
+        dataset: a dataset of examples.
+        count: the examples to hold out.
+
+    Returns:
+        (train, validation) datasets.
+
+    Raises:
+        ValueError: a count that leaves nothing to train on, or is not positive.
+    """
     total = int(dataset.cardinality())
     if total < 0:  # unknown (a filtered folder): count it
         total = sum(1 for _ in dataset)
@@ -128,11 +181,24 @@ def _check_image(path: pathlib.Path) -> str | None:
 
 def from_folder(directory: str, on_error: str = "skip",
                 check: bool = True) -> tuple[tf.data.Dataset, list[str]]:
-    """Images in one sub-folder per class (sorted names are the labels).
+    """Images in one sub-folder per class, the class names sorted giving the labels.
 
     Every file is decoded once up front (check=True) so that a corrupt one is found before
-    training: on_error="skip" leaves it out with a warning naming it and counting them all,
-    on_error="raise" stops with a ValueError naming the file.
+    training rather than in the middle of it.
+
+    Args:
+        directory: DIR of DIR/<class name>/<image files> (.jpg, .jpeg, .png, .bmp, .gif).
+        on_error: "skip" leaves a file that does not decode out, with one warning naming and
+            counting them all; "raise" stops at it.
+        check: decode every file up front; False leaves a bad file to fail in training.
+
+    Returns:
+        (dataset of (uint8 RGB image, int64 label), class names).
+
+    Raises:
+        FileNotFoundError: the folder does not exist.
+        ValueError: no class sub-folders or no readable images, a bad file with
+            on_error="raise", or another on_error.
     """
     if on_error not in ("skip", "raise"):
         raise ValueError(f"on_error must be 'skip' or 'raise', got {on_error!r}")
@@ -171,8 +237,21 @@ def from_folder(directory: str, on_error: str = "skip",
 
 
 def load_image_files(paths, size, channels: int = 3) -> np.ndarray:
-    """Image files -> uint8 (N, height, width, channels), resized; a file that does not
-    decode gets a ValueError naming it."""
+    """Image files as one uint8 array, each resized (bilinear) to the same size, for
+    predicting on a few files without a pipeline.
+
+    Args:
+        paths: the image files.
+        size: an int or (height, width).
+        channels: 3 for RGB, 1 for grayscale.
+
+    Returns:
+        uint8 images (N, height, width, channels).
+
+    Raises:
+        FileNotFoundError: a file that does not exist.
+        ValueError: a file that does not decode, named.
+    """
     from PIL import Image, UnidentifiedImageError
 
     height, width = (size, size) if isinstance(size, int) else size
@@ -191,7 +270,18 @@ def load_image_files(paths, size, channels: int = 3) -> np.ndarray:
 
 
 def sample_images(dataset: tf.data.Dataset, size, channels: int, count: int) -> np.ndarray:
-    """The first `count` images of an (image, label) dataset, resized, as uint8 NumPy."""
+    """The first images of an (image, label) dataset, resized, as uint8 NumPy: an export's
+    sample and representative images come from here.
+
+    Args:
+        dataset: an (image, label) dataset.
+        size: an int or (height, width).
+        channels: 3 repeats grayscale images to RGB.
+        count: how many images.
+
+    Returns:
+        uint8 images (count, height, width, channels).
+    """
     size = (size, size) if isinstance(size, int) else tuple(size)
 
     def prepare(image, _):
@@ -213,7 +303,18 @@ _IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 
 
 def read_idx(path: str) -> np.ndarray:
-    """An IDX file (gzipped or not): big-endian magic 0 0 dtype ndim, uint32 dims, data."""
+    """An IDX file, MNIST's format (gzipped or not): big-endian magic 0 0 dtype ndim, uint32
+    dims, then the data.
+
+    Args:
+        path: the file; a name ending in .gz is read through gzip.
+
+    Returns:
+        The uint8 array of the shape the header gives.
+
+    Raises:
+        ValueError: not an unsigned-byte IDX file, or data of another size than the header's.
+    """
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as file:
         data = file.read()
@@ -237,8 +338,22 @@ def _find_idx(data_dir: str | None, stem: str) -> str | None:
 
 
 def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
-    """Fashion-MNIST as uint8 (N, 28, 28, 1) and labels, from the tfds copy if prepared,
-    else from the original IDX files (data_dir, then Debian's dataset-fashion-mnist)."""
+    """Fashion-MNIST as arrays, offline: from the tfds copy if prepared, else from the
+    original IDX files (in data_dir, then Debian's dataset-fashion-mnist package).
+
+    Args:
+        split: "train" (60,000 images) or "test" (10,000).
+        data_dir: a tfds data_dir or a folder of the IDX files; None looks in the default
+            places.
+
+    Returns:
+        (uint8 images (N, 28, 28, 1), int64 labels (N,)); FASHION_MNIST_CLASSES names them.
+
+    Raises:
+        ValueError: another split, or IDX files whose counts differ.
+        FileNotFoundError: data_dir is not a folder, or no copy was found (the message says
+            how to get one).
+    """
     if split not in _IDX_FILES:
         raise ValueError(f"Fashion-MNIST split must be 'train' or 'test', got {split!r}")
     if data_dir and not os.path.isdir(data_dir):
@@ -274,8 +389,17 @@ def load_fashion_mnist(split: str = "train", data_dir: str | None = None):
 
 
 def inception_crop(image, seed, area_range=(0.05, 1.0)):
-    """vit_jax's training crop: a random box covering area_range of the image, drawn by the
-    stateless op from seed (two integers)."""
+    """vit_jax's training crop: a random box covering a share of the image's area, drawn by
+    the stateless op, so that a seed gives the same crop in any order of calls.
+
+    Args:
+        image: a (height, width, channels) image.
+        seed: two integers.
+        area_range: the least and most share of the area the box covers.
+
+    Returns:
+        The cropped image (not resized).
+    """
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image), tf.zeros([0, 0, 4], tf.float32), seed, area_range=area_range,
         min_object_covered=0, use_image_if_no_bounding_boxes=True)
@@ -283,8 +407,17 @@ def inception_crop(image, seed, area_range=(0.05, 1.0)):
 
 
 def pad_crop(image, padding: int, seed):
-    """Random translation by up to `padding` pixels (small-image augmentation), drawn by the
-    stateless op from seed (two integers)."""
+    """Random translation by up to `padding` pixels (small-image augmentation): the image
+    padded by reflection, then cropped back to its size by the stateless op.
+
+    Args:
+        image: a (height, width, channels) image.
+        padding: the most pixels it moves on each axis.
+        seed: two integers.
+
+    Returns:
+        The translated image, of the same size.
+    """
     shape = tf.shape(image)
     padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]], mode="REFLECT")
     return tf.image.stateless_random_crop(padded, shape, seed)

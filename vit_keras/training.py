@@ -17,40 +17,83 @@ from keras import ops
 
 from vit_keras import configs, distribute, kernels
 
+__all__ = ["RECIPES", "FinalPatchDropRate", "HistoryFile", "KeptCheckpoints", "LayerwiseAdamW",
+           "LayerwiseRates", "LayerwiseSGD", "Recipe", "WarmupSchedule", "callbacks",
+           "compile_model", "layer_rates", "make_optimizer", "patch_drop_callbacks",
+           "pipeline_options", "save_public_optimizer", "train", "with_options"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-    """Everything about how a ViT is trained that is not the model's shape or the data."""
+    """Everything about how a ViT is trained that is not the model's shape or the data, as
+    one record, so that a recipe is data to compare, print and change (with_options) rather
+    than code. RECIPES holds the paper's and this repository's.
 
-    optimizer: str  # "adamw" | "sgd"
+    Args:
+        optimizer: "adamw" or "sgd".
+        learning_rate: the peak learning rate, reached after the warmup.
+        schedule: "linear" or "cosine" decay after a linear warmup.
+        warmup_steps: steps, or a fraction of all steps when below 1.
+        weight_decay: decoupled weight decay, on kernels only; Keras multiplies it by the
+            learning rate.
+        beta_2: AdamW's second-moment decay.
+        momentum: SGD's momentum.
+        clipnorm: the gradients' global norm is clipped to this; None for no clipping.
+        label_smoothing: of the cross-entropy's one-hot targets.
+        dropout_rate: vk.vit's dropout_rate, for the apps that build the model.
+        stochastic_depth_rate: vk.vit's stochastic_depth_rate, likewise.
+        patch_drop_rate: vk.vit's patch_drop_rate: the patch tokens each training image
+            leaves out.
+        final_patch_drop_rate: the rate over the last final_patch_drop_epochs epochs (None:
+            patch_drop_rate throughout): a few epochs on more of each image's patches fit the
+            model to the whole grid it is evaluated on (FLIP's unmasked tuning, Li et al.
+            2023).
+        final_patch_drop_epochs: the epochs at final_patch_drop_rate.
+        randaugment: (num_ops, magnitude in [0, 1]) of keras.layers.RandAugment; None for
+            none.
+        mixup_alpha: Mixup's alpha; 0 for none.
+        cutmix_alpha: CutMix's alpha; 0 for none.
+        ema_momentum: Polyak averaging of the weights at this momentum; None for none.
+        gradient_accumulation_steps: steps whose gradients are summed before an update;
+            None for none.
+        crop: the training crop of data.make_pipeline: "inception", "padN" or "none".
+        flip: random horizontal flips in training.
+        test_time_flip: evaluation averages each image's logits with its mirror's, as a model
+            trained on random flips sees both; apps.train reports the single view's accuracy
+            beside it.
+        layer_decay: fine-tuning's layer-wise rate decay (layer_rates): block i's rate times
+            decay^(depth - i); None or 1 for none.
+        head_lr_multiplier: fine-tuning: the head's rate times this.
+        source: where the recipe comes from (a paper and its table).
+
+    Raises:
+        ValueError: layer_decay outside (0, 1], or head_lr_multiplier not positive.
+    """
+
+    optimizer: str
     learning_rate: float
-    schedule: str  # "linear" | "cosine" (after linear warmup)
-    warmup_steps: int | float  # steps, or a fraction of all steps when < 1
-    weight_decay: float = 0.0  # kernels only; Keras multiplies it by the learning rate
+    schedule: str
+    warmup_steps: int | float
+    weight_decay: float = 0.0
     beta_2: float = 0.999
     momentum: float = 0.9
-    clipnorm: float | None = 1.0  # global norm
+    clipnorm: float | None = 1.0
     label_smoothing: float = 0.0
     dropout_rate: float = 0.0
     stochastic_depth_rate: float = 0.0
-    patch_drop_rate: float = 0.0  # vk.vit's: patch tokens each training image leaves out
-    # The rate over the last final_patch_drop_epochs epochs (None: patch_drop_rate throughout):
-    # a few epochs on more of each image's patches fit the model to the whole grid it is
-    # evaluated on (FLIP's unmasked tuning, Li et al. 2023).
+    patch_drop_rate: float = 0.0
     final_patch_drop_rate: float | None = None
     final_patch_drop_epochs: int = 1
-    randaugment: tuple[int, float] | None = None  # (num_ops, magnitude 0..1)
+    randaugment: tuple[int, float] | None = None
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
-    ema_momentum: float | None = None  # Polyak averaging of the weights
+    ema_momentum: float | None = None
     gradient_accumulation_steps: int | None = None
     crop: str = "inception"
     flip: bool = True
-    # Evaluation averages each image's logits with its mirror's (test-time flip), as a model
-    # trained on random flips sees both; apps.train reports the single view's accuracy beside.
     test_time_flip: bool = False
-    layer_decay: float | None = None  # fine-tuning: block i's rate times decay^(depth - i)
-    head_lr_multiplier: float = 1.0  # fine-tuning: the head's rate times this
+    layer_decay: float | None = None
+    head_lr_multiplier: float = 1.0
     source: str = ""
 
     def __post_init__(self):
@@ -90,8 +133,20 @@ RECIPES: dict[str, Recipe] = {
 
 
 def with_options(recipe: Recipe, options: list[str]) -> Recipe:
-    """The recipe with "field=value" changes (value a Python literal, else a string), as the
-    apps' --recipe-option gives them."""
+    """A recipe with some fields changed, from "field=value" text as the apps'
+    --recipe-option gives it.
+
+    Args:
+        recipe: the recipe to start from.
+        options: "field=value" strings; a value is read as a Python literal, else kept as a
+            string.
+
+    Returns:
+        A new Recipe.
+
+    Raises:
+        ValueError: an option without "=" or naming no field of Recipe.
+    """
     fields = {field.name for field in dataclasses.fields(Recipe)}
     changes = {}
     for option in options:
@@ -108,7 +163,14 @@ def with_options(recipe: Recipe, options: list[str]) -> Recipe:
 
 def pipeline_options(recipe: Recipe) -> dict:
     """The recipe's augmentation as keyword arguments of vit_keras.data.make_pipeline:
-    crop, flip, RandAugment (on uint8-range values), Mixup and CutMix."""
+    crop, flip, RandAugment (on uint8-range values), Mixup and CutMix.
+
+    Args:
+        recipe: the training recipe.
+
+    Returns:
+        A dict to pass as make_pipeline(**pipeline_options(recipe)).
+    """
     augment = ()
     if recipe.randaugment:
         num_ops, magnitude = recipe.randaugment
@@ -120,7 +182,19 @@ def pipeline_options(recipe: Recipe) -> dict:
 
 @keras.saving.register_keras_serializable(package="vit_keras")
 class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup from 0 to peak over warmup_steps, then linear or cosine decay to end."""
+    """Linear warmup from 0 to peak over warmup_steps, then linear or cosine decay to end, as
+    the paper's recipes schedule the learning rate.
+
+    Args:
+        peak: the rate at the end of the warmup.
+        total_steps: the steps of the whole run.
+        warmup_steps: the steps of the warmup, below total_steps.
+        decay: "linear" or "cosine".
+        end: the rate at the last step.
+
+    Raises:
+        ValueError: an unknown decay, or warmup_steps outside [0, total_steps).
+    """
 
     def __init__(self, peak: float, total_steps: int, warmup_steps: int = 0,
                  decay: str = "cosine", end: float = 0.0):
@@ -159,7 +233,20 @@ def make_optimizer(recipe: Recipe, model: keras.Model, total_steps: int,
                    learning_rate: float | None = None) -> keras.optimizers.Optimizer:
     """The recipe's optimizer; weight decay applies to kernels only (not biases, norms,
     class token or position embeddings), as big_vision does. With the recipe's layer_decay or
-    head_lr_multiplier, the optimizer scales each variable's rate by layer_rates."""
+    head_lr_multiplier, the optimizer scales each variable's rate by layer_rates.
+
+    Args:
+        recipe: the training recipe.
+        model: the model it trains (for the variables that take no decay, and the rates).
+        total_steps: the steps of the run, for the schedule.
+        learning_rate: overrides the recipe's peak rate.
+
+    Returns:
+        The keras.optimizers.Optimizer.
+
+    Raises:
+        ValueError: an unknown optimizer, or layer rates the model cannot take.
+    """
     schedule = WarmupSchedule(learning_rate or recipe.learning_rate, total_steps,
                               warmup_steps(recipe, total_steps), recipe.schedule)
     common = dict(learning_rate=schedule, global_clipnorm=recipe.clipnorm,
@@ -196,7 +283,20 @@ def layer_rates(model: keras.Model, layer_decay: float | None = None,
     scaled by decay^(L + 1 - j). So block i trains at decay^(L - i), the embeddings at
     decay^(L + 1), the final norm and head at the full rate; the head (head, head_dist) then
     also times head_multiplier. timm's param_groups_layer_decay differs in one place: it counts
-    the final norm with the last block (decay^1)."""
+    the final norm with the last block (decay^1).
+
+    Args:
+        model: a vk.vit model.
+        layer_decay: the decay per layer, in (0, 1]; None for none.
+        head_multiplier: the head's extra multiplier.
+
+    Returns:
+        {variable path: multiplier} for every trainable variable whose multiplier is not 1.
+
+    Raises:
+        ValueError: a decay for a model without named encoder blocks, or a head multiplier for
+            a model without a head.
+    """
     decay = layer_decay or 1.0
     blocks = {layer.name: int(layer.name[len(configs.BLOCK_PREFIX):]) for layer in model.layers
               if re.fullmatch(re.escape(configs.BLOCK_PREFIX) + r"\d+", layer.name)}
@@ -229,7 +329,17 @@ class LayerwiseRates:
     update on each group with the rate scaled, so each backend's update path and gradient
     accumulation stay Keras' own. Decoupled weight decay scales with the rate too (Keras
     multiplies it by the rate, as timm's parameter groups do), and the multipliers are saved
-    with the optimizer in .keras files."""
+    with the optimizer in .keras files.
+
+    Args:
+        *args: the optimizer class's arguments.
+        rate_multipliers: {variable path: multiplier} (layer_rates); a variable not named
+            trains at the base rate.
+        **kwargs: the optimizer class's arguments.
+
+    Raises:
+        ValueError: at build, a multiplier for a variable the optimizer does not train.
+    """
 
     def __init__(self, *args, rate_multipliers: dict[str, float] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -298,7 +408,18 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
                   steps_per_execution: int = 1) -> keras.Model:
     """model.compile for the recipe: its optimizer and schedule, cross-entropy on one-hot
     labels (what make_pipeline emits) with its label smoothing, top-1 and top-5 accuracy.
-    jit_compile is model.compile's, Keras' "auto" unless the caller chooses."""
+
+    Args:
+        model: the classifier to compile.
+        recipe: the training recipe.
+        total_steps: the steps of the run, for the schedule.
+        learning_rate: overrides the recipe's peak rate.
+        jit_compile: model.compile's, Keras' "auto" unless the caller chooses.
+        steps_per_execution: model.compile's.
+
+    Returns:
+        The compiled model (save_public_optimizer).
+    """
     model.compile(
         optimizer=make_optimizer(recipe, model, total_steps, learning_rate),
         loss=keras.losses.CategoricalCrossentropy(from_logits=True,
@@ -319,7 +440,14 @@ def save_public_optimizer(model: keras.Model) -> keras.Model:
     process on another backend then imports the torch backend to load the file, which crashes
     one that loaded TensorFlow first. Each backend maps the public class to its own. (A file
     loaded with its compile state on PyTorch and saved again names the torch class again:
-    Keras' own compile runs on loading.)"""
+    Keras' own compile runs on loading.)
+
+    Args:
+        model: a compiled model.
+
+    Returns:
+        The same model.
+    """
     # The optimizer as compile received it (model.optimizer may wrap it, for loss scaling),
     # in the dict Keras serializes at saving.
     compiled = model._compile_config.config
@@ -336,7 +464,11 @@ class HistoryFile(keras.callbacks.Callback):
     after each one, so a run resumed by BackupAndRestore ends with one complete history (no
     gaps, no repeats). Each epoch also records its wall-clock epoch_seconds (training and any
     evaluation), measured here rather than read off a progress bar. Place it before
-    BackupAndRestore in the callback list."""
+    BackupAndRestore in the callback list.
+
+    Args:
+        path: the JSON file; the CSV is written beside it with a .csv suffix.
+    """
 
     def __init__(self, path: str):
         super().__init__()
@@ -347,6 +479,8 @@ class HistoryFile(keras.callbacks.Callback):
         self.epoch_started = time.perf_counter()
 
     def read(self) -> dict[int, dict]:
+        """The history written so far: {epoch (from 0): that epoch's logs}; empty before the
+        first epoch."""
         if not os.path.exists(self.path):
             return {}
         with open(self.path) as file:
@@ -372,7 +506,15 @@ class HistoryFile(keras.callbacks.Callback):
 
 class KeptCheckpoints(keras.callbacks.Callback):
     """The model after each epoch as folder/epoch-NNN.keras (epochs counted from 1), the
-    newest `keep` of them kept and older ones removed, across resumed runs too."""
+    newest `keep` of them kept and older ones removed, across resumed runs too.
+
+    Args:
+        folder: where the checkpoints go.
+        keep: how many of the newest to keep, at least 1.
+
+    Raises:
+        ValueError: keep below 1 or not a whole number.
+    """
 
     def __init__(self, folder: str, keep: int):
         super().__init__()
@@ -397,7 +539,12 @@ class KeptCheckpoints(keras.callbacks.Callback):
 class FinalPatchDropRate(keras.callbacks.Callback):
     """Sets the model's PatchDropout layer to `rate` from epoch `first_epoch` (from 0) on, and
     has model.fit trace its training step anew for the new token count. A resumed run sets it
-    again at its first epoch."""
+    again at its first epoch.
+
+    Args:
+        rate: the patch dropout rate from first_epoch on.
+        first_epoch: the epoch (from 0) the rate changes at.
+    """
 
     def __init__(self, rate: float, first_epoch: int):
         super().__init__()
@@ -412,7 +559,20 @@ class FinalPatchDropRate(keras.callbacks.Callback):
 
 def patch_drop_callbacks(recipe: Recipe, model: keras.Model,
                          epochs: int) -> list[keras.callbacks.Callback]:
-    """The recipe's change of patch dropout rate for its last epochs, if it has one."""
+    """The recipe's change of patch dropout rate for its last epochs, if it has one.
+
+    Args:
+        recipe: the training recipe.
+        model: the model, built with patch dropout where the recipe changes its rate.
+        epochs: the run's epochs.
+
+    Returns:
+        [FinalPatchDropRate], or an empty list for a recipe without final_patch_drop_rate.
+
+    Raises:
+        ValueError: a model without patch dropout, or a final rate or epoch count out of
+            range.
+    """
     if recipe.final_patch_drop_rate is None:
         return []
     if configs.PATCH_DROPOUT not in {layer.name for layer in model.layers}:
@@ -433,7 +593,17 @@ def callbacks(run_dir: str, tensorboard: bool = True,
               keep_checkpoints: int = 1) -> list[keras.callbacks.Callback]:
     """Checkpoint, resume, logs and NaN guard for a run kept in run_dir: last.keras is the
     latest epoch's model; keep_checkpoints above 1 also keeps the last that many epochs' models
-    in run_dir/checkpoints (KeptCheckpoints). Resuming reads run_dir/backup."""
+    in run_dir/checkpoints (KeptCheckpoints). Resuming reads run_dir/backup.
+
+    Args:
+        run_dir: the run's folder, made if missing.
+        tensorboard: also write TensorBoard logs to run_dir/logs.
+        keep_checkpoints: the epochs whose models the run keeps.
+
+    Returns:
+        The callbacks for model.fit: TerminateOnNaN, HistoryFile, BackupAndRestore,
+        ModelCheckpoint, and KeptCheckpoints and TensorBoard where asked.
+    """
     os.makedirs(run_dir, exist_ok=True)
     found = [
         keras.callbacks.TerminateOnNaN(),
@@ -456,12 +626,33 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
           learning_rate: float | None = None,
           distribution=None, jit_compile: bool | str = "auto", steps_per_execution: int = 1,
           verbose="auto", compile=compile_model, keep_checkpoints: int = 1) -> dict[int, dict]:
-    """model.fit with the recipe's optimizer and the resumable callbacks; returns the
-    complete per-epoch history (including epochs run before an interruption).
-    distribution: a vit_keras.distribute.Distribution whose scope the model was built in.
-    compile: compile_model's signature; another objective's (vit_keras.masked) for models
-    that are not classifiers. keep_checkpoints: the epochs whose models the run keeps
-    (callbacks)."""
+    """model.fit with the recipe's optimizer and the resumable callbacks: the same call after
+    an interruption resumes from the last finished epoch in run_dir.
+
+    Args:
+        model: the model, built in distribution's scope.
+        recipe: the training recipe.
+        train_data: the training batches (data.make_pipeline), repeated as model.fit needs
+            for epochs * steps_per_epoch steps.
+        epochs: the epochs to train.
+        steps_per_epoch: the steps of one epoch.
+        run_dir: the run's folder: checkpoints, backup, history and logs (callbacks).
+        validation_data: batches to evaluate on during training; None for none.
+        validation_freq: evaluate every this many epochs.
+        learning_rate: overrides the recipe's peak rate.
+        distribution: a vit_keras.distribute.Distribution whose scope the model was built in;
+            None for one device.
+        jit_compile: model.compile's.
+        steps_per_execution: model.compile's.
+        verbose: model.fit's.
+        compile: compile_model's signature; another objective's
+            (masked.compile_masked_patch_model) for models that are not classifiers.
+        keep_checkpoints: the epochs whose models the run keeps (callbacks).
+
+    Returns:
+        The complete per-epoch history, {epoch: logs}, epochs run before an interruption
+        included.
+    """
     distribution = distribution or distribute.choose("none")
     with distribution.scope():
         compile(model, recipe, epochs * steps_per_epoch, learning_rate,

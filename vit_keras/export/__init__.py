@@ -45,7 +45,22 @@ def _require_tensorflow():
 
 def verify(path: str, images: np.ndarray, reference: dict,
            tolerance: tuple[float | None, float]) -> dict:
-    """Runs the export on images and compares it with the Keras model's outputs."""
+    """Runs an exported file on images and compares its outputs with the Keras model's, so
+    that an export that computes something else is caught where it is written.
+
+    Args:
+        path: the export (a SavedModel folder, .tflite or .onnx file).
+        images: uint8 images (batch, height, width, channels).
+        reference: the Keras serving model's outputs on images, "logits" and
+            "probabilities".
+        tolerance: (the largest |probability difference| allowed, or None for no bound; the
+            smallest share of images whose top-1 class agrees).
+
+    Returns:
+        The format's line of the export report: its file and size, the largest probability
+        and logit differences, the top-1 agreement, the latency per image, the tolerance
+        and whether it passed.
+    """
     predictor = Predictor(path)
     predictor(images[:1])  # warm-up, not timed
     started = time.perf_counter()
@@ -74,11 +89,34 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
                representative: np.ndarray | None = None, labels: list[str] | None = None,
                formats=tuple(FORMATS), overwrite: bool = False,
                tolerances: dict | None = None) -> dict:
-    """Writes the formats (names of FORMATS) into out_dir, from the graph with
-    ClassTokenFolded where it applies; verifies each against the Keras model as given; writes
-    export_report.json; raises ExportVerificationError naming the formats past their
-    tolerance (each format's own, updated by `tolerances`: {name: (max |probability
-    difference| or None, min top-1 agreement)})."""
+    """Writes the formats into out_dir, each verified against the Keras model right after it
+    is written, and export_report.json beside them. The exports start from a SavedModel of
+    the serving model, with ClassTokenFolded where it applies; a model that takes any size
+    exports its TFLite and ONNX files at the size it was built for. Needs the TensorFlow
+    backend.
+
+    Args:
+        model: the Keras model (a vk.vit, or a model with one inside).
+        out_dir: the folder to write into.
+        sample_images: uint8 images of the model's size, to verify each export on.
+        representative: uint8 images to calibrate full-integer int8 on; None if that format
+            is not asked for.
+        labels: class names to write as labels.txt beside the exports; None writes none.
+        formats: names in FORMATS.
+        overwrite: export into an existing folder, replacing an earlier export's files.
+        tolerances: {format name: (largest |probability difference| or None, smallest top-1
+            agreement)}, replacing those formats' own tolerances.
+
+    Returns:
+        The report written to export_report.json.
+
+    Raises:
+        RuntimeError: a backend other than TensorFlow.
+        ValueError: an unknown format, or images of another size than the model's.
+        FileExistsError: out_dir exists and overwrite is False.
+        ExportVerificationError: some formats are past their tolerance (named; the files
+            and the report are written all the same).
+    """
     _require_tensorflow()
     unknown = set(formats) - set(FORMATS)
     if unknown:
@@ -133,7 +171,17 @@ def _fixed_size_serving(model, serving, saved_model_dir, out_dir, report):
 
 
 def check_output_folder(out_dir: str, overwrite: bool) -> None:
-    """Refuses a file, and an existing folder unless overwrite."""
+    """Checks an export's output folder before anything is computed, so that a mistaken path
+    fails at once.
+
+    Args:
+        out_dir: the folder the export goes into.
+        overwrite: whether an existing folder may be exported into.
+
+    Raises:
+        NotADirectoryError: out_dir is a file.
+        FileExistsError: out_dir exists and overwrite is False.
+    """
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise NotADirectoryError(f"{out_dir!r} is a file: exports go into a folder")
     if os.path.exists(out_dir) and not overwrite:

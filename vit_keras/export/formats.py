@@ -10,9 +10,16 @@ from collections.abc import Callable
 
 @dataclasses.dataclass(frozen=True)
 class ExportFormat:
-    """write(serving model, SavedModel folder, path, representative uint8 images or None)
-    makes the file. tolerance: (largest |probability - Keras probability| or None, smallest
-    top-1 agreement) on the verification images."""
+    """An export format: one record each in FORMATS, so that a new format is one more entry.
+
+    Args:
+        name: the format's name in FORMATS.
+        file_name: the file or folder it writes in the export folder.
+        tolerance: (largest |probability - Keras probability| or None, smallest top-1
+            agreement) on the verification images.
+        write: write(serving model, SavedModel folder, path, representative uint8 images or
+            None) makes the file.
+    """
 
     name: str
     file_name: str
@@ -22,8 +29,18 @@ class ExportFormat:
 
 def tflite_bytes(saved_model_dir: str, configure: Callable | None = None,
                  representative=None) -> bytes:
-    """A LiteRT flatbuffer of the SavedModel with builtin ops only; configure(converter,
-    representative) sets a quantization."""
+    """A LiteRT (TFLite) flatbuffer of a SavedModel, with builtin ops only so that the
+    standard runtime runs it.
+
+    Args:
+        saved_model_dir: the SavedModel folder.
+        configure: configure(converter, representative) sets a quantization; None for
+            float32.
+        representative: uint8 images for a full-integer quantization's calibration.
+
+    Returns:
+        The .tflite file's bytes.
+    """
     import tensorflow as tf
 
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_dir)

@@ -13,10 +13,16 @@ def serving_model(model: keras.Model, fold_class_token: bool = False,
                   image_size: tuple[int, int] | None = None) -> keras.Model:
     """uint8 images -> {"logits", "probabilities"}: the model with its preprocessing inside.
 
-    fold_class_token: compute block 0's class-token rows at export (ClassTokenFolded), where
-    the model has them; the function is unchanged.
-    image_size: the fixed (height, width) a model of dynamic image size is served at (None:
-    the model's own input, of any size for such a model).
+    Args:
+        model: the Keras model (a vk.vit, or a model with one inside).
+        fold_class_token: compute block 0's class-token rows at export (ClassTokenFolded),
+            where the model has them; the function is unchanged.
+        image_size: the fixed (height, width) a model of dynamic image size is served at;
+            None for the model's own input, of any size for such a model.
+
+    Returns:
+        A keras.Model from uint8 "images" (batch, height, width, channels) to
+        {"logits", "probabilities"}, both float32.
     """
     shape = model.input.shape[1:] if image_size is None else (*image_size,
                                                                model.input.shape[-1])
@@ -38,6 +44,10 @@ class ClassTokenFolded(keras.Model):
     block 0's LayerNorm 1/std, quantized over both ranges, loses the patch tokens' precision
     too. Those rows do not depend on the image: computing them here leaves the integer file
     only well-scaled tensors (docs/export.md measures the difference).
+
+    Args:
+        model: a ViT that applies_to says can be folded.
+        **kwargs: keras.Model's arguments.
     """
 
     def __init__(self, model: keras.Model, **kwargs):
@@ -56,10 +66,18 @@ class ClassTokenFolded(keras.Model):
 
     @classmethod
     def applies_to(cls, model: keras.Model, image_size=None) -> bool:
-        """vit()'s chain with a class token: cls, position embedding, blocks, ..., output;
-        no other token or norm before the blocks (registers, distillation token, pre_norm);
-        at the image size its position embedding is built for (image_size, default the
-        model's input size)."""
+        """Whether a model can be folded: vit()'s chain with a class token (cls, position
+        embedding, blocks, ..., output), no other token or norm before the blocks
+        (registers, distillation token, pre_norm), at the image size its position embedding
+        is built for.
+
+        Args:
+            model: the Keras model.
+            image_size: the (height, width) it is served at; None for its input size.
+
+        Returns:
+            True where ClassTokenFolded(model) computes the same function.
+        """
         names = [layer.name for layer in model.layers]
         first_block = configs.block_name(0)
         if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING,

@@ -97,8 +97,21 @@ RUNTIMES = (SavedModelRuntime, LiteRTRuntime, OnnxRuntime, KerasRuntime)
 
 
 class Predictor:
-    """Runs one exported file or .keras model on uint8 images (batch, height, width,
-    channels), returning {"logits", "probabilities"} as NumPy arrays."""
+    """Runs one exported file or .keras model on uint8 images, with the runtime its file type
+    needs (TensorFlow for a SavedModel folder, LiteRT for .tflite, onnxruntime for .onnx,
+    Keras for .keras), so that every export is called the same way. Called on uint8 images
+    (batch, height, width, channels), it returns {"logits", "probabilities"} as NumPy
+    arrays.
+
+    Args:
+        path: a SavedModel folder, or a .tflite, .onnx or .keras file.
+
+    Raises:
+        ValueError: a path of another kind, or a file its runtime cannot read (at
+            construction); images of another dtype or shape than the file takes (at a
+            call).
+        ImportError: the runtime's package is not installed.
+    """
 
     def __init__(self, path: str):
         self.path = os.fspath(path)
@@ -126,8 +139,15 @@ class Predictor:
         return self._runtime(images)
 
     def takes(self, shape) -> bool:
-        """Whether images of shape (height, width, channels) fit the input; None, in a file
-        of a dynamic-size model, takes any size."""
+        """Whether images of a shape fit the file's input; None, in a file of a dynamic-size
+        model, takes any size.
+
+        Args:
+            shape: (height, width, channels).
+
+        Returns:
+            True where a call takes images of that shape.
+        """
         return len(shape) == len(self.input_shape) and all(
             expected in (None, side)
             for expected, side in zip(self.input_shape, shape, strict=True))

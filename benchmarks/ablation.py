@@ -12,7 +12,7 @@ from benchmarks.probes import probes
 # The paper experiments' model (these ablations, masked patch prediction): the main job's model
 # when they ran, 28x28 images in 4x4-pixel patches (a 7x7 grid of 49 tokens), global average
 # pooling and sincos2d position embeddings, a plain ViT; the main job has since moved on
-# (docs/mainjob.md).
+# (notes/mainjob.md).
 EXPERIMENT_SHAPE = dict(hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128, patch_size=4)
 EXPERIMENT_IMAGE_SIZE = 28
 EXPERIMENT_FLAGS = (*(flag for key, value in EXPERIMENT_SHAPE.items()

@@ -1,6 +1,6 @@
 """Benchmarks our ViT against timm (PyTorch) and keras-hub in the same run: inference
 images/s (batch 32 by default) and latency (batch 1), training images/s, model GFLOPs and
-utilisation against the matmul peak measured here, and the main job's input pipeline.
+utilisation against the matmul peak measured here.
 
 python -m benchmarks.bench [--variants Ti/16 S/16 B/16 main] [--precisions float32 bfloat16]
                            [--batch 32 ...] [--peers timm keras-hub] [--jit-compile auto true]
@@ -28,7 +28,7 @@ import json  # noqa: E402
 
 import keras  # noqa: E402
 
-from benchmarks import JIT_COMPILE, write_json  # noqa: E402
+from benchmarks import JIT_COMPILE, render, write_json  # noqa: E402
 from benchmarks.device import ACCELERATORS, check_device, device_name  # noqa: E402
 from benchmarks.machine import describe_machine  # noqa: E402
 from benchmarks.memory import measure_memory, memory_child  # noqa: E402
@@ -39,20 +39,11 @@ from benchmarks.runners import (  # noqa: E402
     peers_available,
     runner_factories,
 )
-from benchmarks.tables import (  # noqa: E402
-    format_rate,
-    framework_of,
-    markdown,
-    matmul_key,
-    memory_markdown,
-    result_matmul_key,
-    run_peaks,
-)
+from benchmarks.tables import framework_of, matmul_key, result_matmul_key, run_peaks  # noqa: E402
 from benchmarks.timing import (  # noqa: E402
     device_peaks,
     matmul_peak,
     measure_in_turns,
-    pipeline_throughput,
     square_matmul,
 )
 
@@ -93,8 +84,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny model, batch 2, one repetition: checks the benchmark runs")
-    parser.add_argument("--markdown", nargs="+", metavar="JSON",
-                        help="print the table of saved reports instead of measuring")
     parser.add_argument("--memory", action="store_true",
                         help="instead of timing, measure each implementation's peak memory "
                              "(first inference call, then first training step) in a process "
@@ -104,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def measure_speed(args, peers) -> dict:
-    """The matmul peaks, the input pipeline and every implementation's rates."""
+    """The matmul peaks and every implementation's rates."""
     backend = keras.backend.backend()
     device = check_device(args.device)
     sizes = ((128, 256) if args.smoke else (4096, 8192) if device in ACCELERATORS
@@ -118,7 +107,6 @@ def measure_speed(args, peers) -> dict:
             key = matmul_key(backend, framework, precision)
             report["matmul_gflops"][key], report["matmul_size"][key] = matmul_peak(
                 framework, precision, sizes, args.repeats)
-    report["pipeline_images_s"] = pipeline_throughput(3 if args.smoke else 50)
     for variant in args.variants:
         config, image_size = model_spec(variant, args.image_size)
         flops = forward_flops(config, image_size)
@@ -150,7 +138,7 @@ def measure_speed(args, peers) -> dict:
                     print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
                           f"{name:>12}: infer {result['infer_images_s']:8.1f} img/s, latency "
                           f"{result['latency_ms'] or 0:7.1f} ms, train "
-                          f"{format_rate(result['train_images_s'])} img/s, inference "
+                          f"{result['train_images_s'] or 0:8.1f} img/s, inference "
                           f"{result['infer_gflops_s']:.0f} GFLOP/s beside a matmul's "
                           f"{result['matmul_gflops_s']:.0f}", flush=True)
     for result in report["results"]:
@@ -198,13 +186,6 @@ def main(argv=None):
         result = memory_child(child["spec"], child["options"])
         print(json.dumps(result))
         return result
-    if args.markdown:
-        reports = []
-        for path in args.markdown:
-            with open(path) as file:
-                reports.append(json.load(file))
-        print(memory_markdown(reports) if "memory" in reports[0] else markdown(reports))
-        return reports
     if len(set(args.jit_compile)) < len(args.jit_compile):
         raise SystemExit(f"--jit-compile lists a value twice: {' '.join(args.jit_compile)}")
     if args.smoke:
@@ -215,11 +196,11 @@ def main(argv=None):
     if args.memory:
         report = {"machine": describe_machine(), "backend": keras.backend.backend(),
                   "peers": peers, "memory": measure_memory(args, peers)}
-        print(memory_markdown([report]))
+        print(render.MEMORY.render([report]))
     else:
         report = measure_speed(args, peers)
-        print(markdown([report]))
-        print(f"input pipeline: {report['pipeline_images_s']:.0f} images/s; peers: {peers}")
+        print(render.BENCH.render([report]))
+        print(f"peers: {peers}")
     write_json(report, args.json)
     return report
 

@@ -25,10 +25,9 @@ import keras
 
 from benchmarks import write_json
 from benchmarks.device import device_kind
-from benchmarks.machine import describe_machine, machine_line
+from benchmarks.machine import describe_machine
 from benchmarks.memory import peak_memory_of
 from benchmarks.runners import forward_flops, model_spec, ours_runner
-from benchmarks.tables import format_mib, format_rate, table
 from benchmarks.timing import timed_in_turns
 
 SMOKE_IMAGE_SIZES = [32, 64]
@@ -172,7 +171,7 @@ def main(argv=None) -> dict:
         for size in sizes:
             rows.append(measure_row(variant, size, args.batch, args.repeats))
             r = rows[-1]
-            print(f"{variant:>6} {size:>3}px: {format_rate(r['images_s'])} images/s, "
+            print(f"{variant:>6} {size:>3}px: {r['images_s']:.3g} images/s, "
                   f"{r['gflops_achieved']:.1f} GFLOP/s, attention N^2 "
                   f"{r['attention_share']:.0%}, {r['mib_per_image']:.3g} MiB/image, largest "
                   f"batch {r['largest_batch_projected']} (projected)", flush=True)
@@ -182,31 +181,6 @@ def main(argv=None) -> dict:
               "largest_batch": PROJECTION, "rows": rows}
     write_json(report, args.json)
     return report
-
-
-def markdown(report: dict) -> str:
-    """The report as a table, under one line naming the machine, the backend and the run."""
-    rows = [[r["variant"], r["image_size"], r["tokens"], f"{r['params']:,}",
-             format_rate(r["images_s"]), f"{r['ms_per_image']:.3g}",
-             f"{r['gflop_per_image']:.3g}", f"{r['gflops_achieved']:.1f}",
-             f"{r['attention_share']:.1%}",
-             ", ".join(f"{p['peak_mib']:,.1f} ({p['batch']})" for p in r["peaks"]),
-             f"{r['mib_per_image']:.3g}", f"{r['fixed_mib']:.1f}",
-             f"{r['available_mib'] * (1 - report['safety_margin']):,.0f}",
-             "no fit" if r["largest_batch_projected"] is None
-             else f"{r['largest_batch_projected']:,}",
-             format_mib(r["largest_batch_peak_mib"])]
-            for r in report["rows"]]
-    head = (f"{machine_line(report['machine'])}, {report['backend']} backend; inference at "
-            f"batch {report['batch']}, median of {report['repeats']} calls; MiB per image and "
-            f"fixed MiB from the line through the two peaks; the largest batch is "
-            f"{report['largest_batch']}, except where a warm-up and a measured call at it take "
-            f"under {report['memory_seconds']:.0f} s: there it ran, and its peak is the last "
-            "column:")
-    return head + "\n\n" + table(
-        ["variant", "px", "tokens", "params", "images/s", "ms/image", "GFLOP/image", "GFLOP/s",
-         "attention N² share", "peak MiB (batch)", "MiB/image", "fixed MiB", "budget MiB",
-         "largest batch (projected)", "peak at it MiB (run)"], rows)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import platform
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
 # The variables that cap the vector extensions PyTorch's own kernels, oneDNN and MKL use: an
-# AVX-512 CPU run with them set to AVX2 stands in for an AVX2 one (docs/mainjob.md).
+# AVX-512 CPU run with them set to AVX2 stands in for an AVX2 one (notes/mainjob.md).
 ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
 # glibc's allocator settings, which scripts/main.sh sets: a step's time depends on them.
 ALLOCATOR_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
@@ -72,24 +72,3 @@ def machine_line(machine: dict) -> str:
     if "devices" in machine:
         line += f", devices {', '.join(machine['devices'])}"
     return line
-
-
-def vector_extension(machine: dict) -> str:
-    """The widest vector extension of a report's CPU, as a table's CPU column names it."""
-    for flag, name in (("amx_bf16", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")):
-        if flag in machine["isa"]:
-            return name
-    return "no AVX2"
-
-
-def machines_sentence(reports: list[dict]) -> str:
-    """The machines the reports were measured on, for the line under a table; where they
-    differ, which backends' rows each one measured."""
-    backends_on = {}
-    for report in reports:
-        backends_on.setdefault(machine_line(report["machine"]), set()).add(report["backend"])
-    if len(backends_on) == 1:
-        return f"Machine: {next(iter(backends_on))}."
-    return "Machines: " + "; ".join(
-        f"{', '.join(sorted(backends))} on {line}"
-        for line, backends in sorted(backends_on.items(), key=lambda item: sorted(item[1]))) + "."

@@ -1,13 +1,14 @@
-"""The main job over seeds: `bash scripts/main.sh --seed N` for each seed, one after another
-(each alone on the machine, so its minutes are its own), then the seeds' results, their mean
-and spread, and the machine in docs/mainjob/seeds.json, and the first seed's run files in
-docs/mainjob/. A seed whose run directory holds a run finished with the same arguments on the
-same backend from the same code revision is not run again; any other finished run there is
-refused.
+"""The Fashion-MNIST reference run over seeds: `bash scripts/main.sh --seed N` for each seed,
+one after another (each alone on the machine, so its minutes are its own), then the seeds'
+results, their mean and spread, and the machine in docs/mainjob/seeds.json, and the first
+seed's run files in docs/mainjob/. A seed whose run directory holds a run finished with the
+same arguments on the same backend from the same code revision is not run again; any other
+finished run there is refused.
 
 One try of a recipe change, scored on a validation split carved from the training images so
-that the choice leaves the test split unread, goes to docs/mainjob/tries/NAME.json (the run's
-result with its command, per-epoch seconds and the machine) and NAME.history.json.
+that the choice leaves the test split unread, goes to notes/mainjob/tries/NAME.json (the run's
+result with its command, per-epoch seconds and the machine) and NAME.history.json: the
+research record, beside the earlier tries (--docs DIR: DIR/tries/).
 
 python -m benchmarks.mainjob [--seeds 0 1 2] [--out runs/mainjob] [--docs docs/mainjob]
     [any apps.train flag, passed to every seed]
@@ -126,13 +127,16 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=os.path.join("runs", "mainjob"))
-    parser.add_argument("--docs", default=os.path.join("docs", "mainjob"))
+    parser.add_argument("--docs", help="where the results go: docs/mainjob for the seeds, "
+                                         "notes/mainjob for a --try, unless given")
     parser.add_argument("--try", dest="try_name", metavar="NAME",
                         help="one run of the flags, recorded in DOCS/tries/NAME.json")
     args, flags = parser.parse_known_args(argv)
     if args.try_name:
         return record_try(args.try_name, os.path.join(args.out, "tries", args.try_name),
-                          os.path.join(args.docs, "tries"), flags)
+                          os.path.join(args.docs or os.path.join("notes", "mainjob"), "tries"),
+                          flags)
+    args.docs = args.docs or os.path.join("docs", "mainjob")
     if any(flag.startswith("--validation-split") for flag in flags):
         parser.error("--validation-split is for --try runs: the seeds' runs are the final "
                      "ones, scored once on the test split")

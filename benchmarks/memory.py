@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 from benchmarks.runners import model_spec, runner_factories
-from benchmarks.tables import format_mib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,7 +97,7 @@ def measure_memory(args, peers) -> list[dict]:
                     results.append({**spec, **run_child(spec, options)})
                     r = results[-1]
                     print(f"{variant:>6} {image_size:>3}px b{batch:<3} {precision:>8} "
-                          f"{name:>12}: peak {r['infer_peak_mib']:.0f} MiB inference, "
-                          f"{format_mib(r['train_peak_mib'])} MiB training, "
-                          f"{format_mib(r['train_again_peak_mib'])} MiB again", flush=True)
+                          f"{name:>12}: peak MiB of inference, training, training again: "
+                          f"{r['infer_peak_mib']:.0f}, {r['train_peak_mib']}, "
+                          f"{r['train_again_peak_mib']}", flush=True)
     return results

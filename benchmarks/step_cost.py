@@ -9,7 +9,6 @@ KERAS_BACKEND=... python -m benchmarks.step_cost [--batches 8 128] [--repeats 7]
 """
 
 import argparse
-import resource
 
 import keras
 import numpy as np
@@ -50,15 +49,6 @@ def step_seconds(model, batches: list[int], image_size: int, repeats: int) -> di
     return timed_in_turns(calls, repeats=repeats, warmup=3, min_sample_s=0.5)
 
 
-def page_faults_per_step(call, steps: int = 10) -> float:
-    """Minor page faults a step takes: memory the kernel maps for the process and zeroes,
-    which an allocator that keeps freed memory (scripts/main.sh's settings) spares."""
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(steps):
-        call()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs=2, default=[8, 128])
@@ -68,7 +58,6 @@ def main(argv=None) -> dict:
     model, run = main_job_model(flags)
     seconds = step_seconds(model, args.batches, run.image_size, args.repeats)
     small, large = args.batches
-    faults = page_faults_per_step(step_call(model, large, run.image_size))
     per_image = (seconds[large] - seconds[small]) / (large - small)
     config = common.model_config(run)  # the hybrid's ResNet included
     train_flops = TRAIN_FLOPS_PER_FORWARD * forward_flops(
@@ -80,7 +69,6 @@ def main(argv=None) -> dict:
               "fixed_ms_per_step": round(1000 * (seconds[small] - small * per_image), 2),
               "ms_per_image": round(1000 * per_image, 4),
               "train_gflop_per_image": round(train_flops / 1e9, 5),
-              "page_faults_per_step": {str(large): round(faults, 1)},
               "gflop_s_at_large_batch": round(large * train_flops / seconds[large] / 1e9, 1)}
     write_json(report, args.json)
     print(report)

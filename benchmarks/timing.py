@@ -1,12 +1,10 @@
-"""Timing: medians of calls taking turns, the matmul peak that utilisation divides by, and the
-main job's input pipeline on its own."""
+"""Timing: medians of calls taking turns, and the matmul peak that utilisation divides by."""
 
 import math
 import statistics
 import time
 
 import keras
-import numpy as np
 
 from benchmarks.device import peak_memory_mib, reset_peak_memory, synchronize, torch_device
 
@@ -109,20 +107,3 @@ def matmul_peak(framework: str, precision: str, sizes, repeats: int) -> tuple[fl
         rates[size] = 2 * size**3 / statistics.median(timed(call) for _ in range(repeats)) / 1e9
     size = max(rates, key=rates.get)
     return rates[size], size
-
-
-def pipeline_throughput(batches: int) -> float:
-    """Images/s the main job's training pipeline delivers on its own."""
-    from vit_keras import data, training
-
-    images = np.random.default_rng(0).integers(0, 256, (8192, 28, 28, 1), dtype=np.uint8)
-    recipe = training.RECIPES["fashion_mnist"]
-    dataset = data.make_pipeline(data.from_arrays(images, np.arange(8192) % 10),
-                                 image_size=28, num_classes=10, batch_size=128, training=True,
-                                 crop=recipe.crop, flip=recipe.flip).repeat()
-    iterator = iter(dataset)
-    next(iterator)
-    started = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-    return batches * 128 / (time.perf_counter() - started)

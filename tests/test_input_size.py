@@ -70,8 +70,11 @@ def test_input_size_reports_costs_and_a_batch_projected_from_two_peaks(tmp_path,
     assert rows[0]["attention_share"] < rows[1]["attention_share"]
     assert report["memory_seconds"] == 120.0
     assert json.loads(path.read_text()) == report
-    table = input_size.markdown(report)
-    assert table.count("\n| smoke | ") == 2 and "torch backend" in table.splitlines()[0]
+    from benchmarks import render
+
+    table = "\n\n".join(part.render([report]) for part in render.BLOCKS["inputsize"])
+    assert table.count("\n| smoke | ") == 2
+    assert f"; backend: {report['backend']};" in table.splitlines()[0]
 
 
 @backend_independent

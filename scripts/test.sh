@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole suite, once per Keras backend; fails if any backend fails, runs no test, or has a
-# test over the per-test budget (tests/budget.py). Prints each backend's wall time, its
-# closing line and the set-up's time at the end. Arguments go to pytest.
+# The documentation site's strict build, then the whole suite, once per Keras backend; fails
+# if the build warns, if any backend fails, runs no test, or has a test over the per-test
+# budget (tests/budget.py). Prints each backend's wall time, its closing line and the set-up's
+# time at the end. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -13,7 +14,14 @@ fi
 summary="set-up $((SECONDS - started)) s"
 .venv/bin/ruff check vit_keras apps benchmarks tests
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+site=$(mktemp -d)
+trap 'rm -rf "$log" "$site"' EXIT
+# The documentation site, strict: a broken link, a page outside the navigation or a docstring
+# that names a parameter the signature lacks fails here. It reads the docstrings statically,
+# without importing a backend.
+docs_started=$SECONDS
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+summary+=$'\n'"docs $((SECONDS - docs_started)) s: mkdocs build --strict"
 for backend in ${BACKENDS:-tensorflow jax torch}; do
   echo "=== KERAS_BACKEND=$backend"
   backend_started=$SECONDS

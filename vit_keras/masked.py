@@ -100,6 +100,9 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     # L2 regression on the full patch, in the model's [-1, 1] pixel range.
     Target("pixels", _pixels, None, classification=False),
 )}
+"""The masked-patch targets by name: "mean_color" (the paper's: each corrupted patch's mean
+colour, 3 bits a channel), "downsized" (a 4x4 version in 3-bit colour) and "pixels" (L2
+regression on the whole patch)."""
 
 
 def check_target(name: str) -> Target:

@@ -101,3 +101,6 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("tflite_int8", "model_int8.tflite", (None, 0.99), tflite(full_integer_int8)),
     ExportFormat("onnx", "model.onnx", (1e-4, 1.0), onnx),
 )}
+"""The export formats by name: "saved_model", "tflite_float32", "tflite_float16",
+"tflite_dynamic_int8", "tflite_int8" (full-integer, calibrated on representative images) and
+"onnx", each with the tolerance its verification allows."""

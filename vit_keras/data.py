@@ -297,6 +297,7 @@ def sample_images(dataset: tf.data.Dataset, size, channels: int, count: int) -> 
 
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal",
                          "Shirt", "Sneaker", "Bag", "Ankle boot"]
+"""Fashion-MNIST's class names, in label order."""
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
 _IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
               "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}

@@ -19,6 +19,8 @@ import keras
 __all__ = ["KINDS", "Distribution", "choose", "prepare_model", "vit_layout_map"]
 
 KINDS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel", "model-parallel")
+"""The distributions choose() takes: TensorFlow's strategies (tpu, mirrored, multiworker),
+Keras' JAX distributions (data-parallel, model-parallel), none, and auto."""
 
 
 TENSORFLOW_KINDS = ("tpu", "mirrored", "multiworker")

@@ -13,6 +13,8 @@ __all__ = ["TARGETS", "lora", "merge_lora"]
 
 # The dense layers of an encoder block that can take adapters, by their checkpoint names.
 TARGETS = ("query", "key", "value", "out", "Dense_0", "Dense_1")
+"""The dense layers of an encoder block that lora() can give adapters, by their checkpoint
+names: attention's query, key, value and out, and the MLP's Dense_0 and Dense_1."""
 
 
 def _block_dense_layers(model: keras.Model):

@@ -106,7 +106,7 @@ def test_a_headless_model_is_refused():
 
 def recorded(monkeypatch, release):
     """Models seem to come from `release`'s weights, whatever release_of reads."""
-    monkeypatch.setattr(preprocessing, "release_of", lambda model: release, raising=False)
+    monkeypatch.setattr(preprocessing, "release_of", lambda model: release)
 
 
 @pytest.mark.parametrize("release, classes, label_set", [

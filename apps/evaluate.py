@@ -1,5 +1,7 @@
 """Evaluates a saved model (.keras) on a held-out set: top-1, top-5, per-class accuracy and a
-confusion matrix saved as PNG, all written to --out as well as printed.
+confusion matrix saved as PNG, all written to --out as well as printed. Images are normalised
+by the model's input convention: [-1, 1], or the mean and standard deviation of the release
+its weights came from (vk.input_convention).
 
 vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
                    [--limit N] [--mirror]
@@ -30,6 +32,7 @@ def main(argv=None):
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
     from vit_keras import data, evaluation, intermediates
+    from vit_keras.preprocessing import input_convention
 
     model = load_model(args.model)
     if args.quantize:
@@ -42,12 +45,15 @@ def main(argv=None):
     names = names or [str(i) for i in range(num_classes)]
     if args.limit:
         dataset = dataset.take(args.limit)
+    convention = input_convention(model)  # [-1, 1] unless the model records another
     batches = data.make_pipeline(dataset, image_size=intermediates.built_image_size(model),
                                  num_classes=num_classes, batch_size=args.batch_size,
-                                 training=False, channels=model.input.shape[-1])
+                                 training=False, channels=model.input.shape[-1],
+                                 convention=convention)
     report = evaluation.classification_report(
         *evaluation.predict_labels(model, batches, mirror=args.mirror), names)
-    report.update(quantization=args.quantize, mirror=args.mirror)
+    report.update(quantization=args.quantize, mirror=args.mirror,
+                  input_convention=convention.name)
     out = args.out or beside_model(args.model)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "evaluation.json"), "w") as file:

@@ -24,18 +24,43 @@ def variant_table(image_size: int = 224, num_classes: int = 1000) -> str:
 
 
 def pretrained_table() -> str:
+    """The model cards of the named releases as one Markdown table, from their Release
+    records (vit_keras.weights.pretrained), so that the page cannot drift from the code:
+    what the weights are, their training data, variants, resolution, head, input
+    convention, the ImageNet-1k top-1 their publisher reports with its source, the vk.vit
+    options they need and their licence.
+
+    Returns:
+        The table, one row per release in name order.
+    """
     from vit_keras.weights import pretrained
 
-    rows = ["| name | variants | resolution | classes | trained on | vk.vit options | licence |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| name | weights | trained on | variants | px | classes | input | ImageNet-1k "
+            "top-1 (%) | vk.vit options | licence |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name in pretrained.names():
         release = pretrained.PRETRAINED[name]
         first = next(iter(release.checkpoints.values()))
         options = ", ".join(f"`{k}={v!r}`" for k, v in release.options.items()) or "-"
-        rows.append(f"| `{name}` | {', '.join(release.checkpoints)} | {first.resolution} | "
-                    f"{first.num_classes or 'no head'} | {release.description} | {options} | "
-                    f"{release.licence} |")
+        rows.append(f"| `{name}` | {release.description} | {release.data} | "
+                    f"{', '.join(release.checkpoints)} | {first.resolution} | "
+                    f"{first.num_classes or 'no head'} | {release.convention.name} | "
+                    f"{_top1_cell(release.top1)} | {options} | {release.licence} |")
     return "\n".join(rows)
+
+
+def _top1_cell(top1) -> str:
+    """"S/16 81.4, B/16 83.8 (head; [source](...))", or "-" where none is reported."""
+    if top1 is None:
+        return "-"
+    values = ", ".join(f"{variant} {_percent(value)}" for variant, value in top1.values.items())
+    return f"{values} ({top1.measure}; {top1.source})"
+
+
+def _percent(value: float) -> str:
+    """87.0 -> "87.0", 78.22 -> "78.22": the source's digits, at least one decimal."""
+    text = f"{value:g}"
+    return text if "." in text else f"{text}.0"
 
 
 def main(argv=None):

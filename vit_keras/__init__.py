@@ -20,7 +20,7 @@ from vit_keras.configs import VARIANTS, ViTConfig, get_config
 from vit_keras.intermediates import features
 from vit_keras.lora import lora, merge_lora
 from vit_keras.models import vit
-from vit_keras.preprocessing import preprocess
+from vit_keras.preprocessing import InputConvention, input_convention, preprocess
 from vit_keras.weights import (
     LoadReport,
     load_keras_hub,
@@ -38,11 +38,11 @@ from vit_keras.weights.labels import decode_predictions
 # JAX users have none.
 _LAZY_SUBMODULES = ("analysis", "data", "evaluation", "export", "masked")
 
-__all__ = ["VARIANTS", "LoadReport", "ViTConfig", "analysis", "data", "decode_predictions",
-           "distribute", "evaluation", "export", "features", "get_config", "intermediates",
-           "layers", "load_keras_hub", "load_npz", "load_pytorch_weights", "load_weights", "lora",
-           "masked", "merge_lora", "preprocess", "preprocessing", "resnet", "save_npz",
-           "save_weights", "training", "vit", "weights"]
+__all__ = ["VARIANTS", "InputConvention", "LoadReport", "ViTConfig", "analysis", "data",
+           "decode_predictions", "distribute", "evaluation", "export", "features", "get_config",
+           "input_convention", "intermediates", "layers", "load_keras_hub", "load_npz",
+           "load_pytorch_weights", "load_weights", "lora", "masked", "merge_lora", "preprocess",
+           "preprocessing", "resnet", "save_npz", "save_weights", "training", "vit", "weights"]
 __version__ = "0.1.0"
 
 

@@ -1,7 +1,7 @@
 """tf.data input pipelines for model.fit on any Keras backend: sources, the official
 preprocessing, augmentation and batching. Images travel as uint8 until the last map, which
-scales them to [-1, 1] and emits one-hot float labels (what Mixup, CutMix and label
-smoothing need)."""
+normalises them by the input convention ([-1, 1] unless one is given) and emits one-hot float
+labels (what Mixup, CutMix and label smoothing need)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from vit_keras.preprocessing import unit_range
+from vit_keras.preprocessing import UNIT_RANGE, InputConvention
 
 __all__ = ["FASHION_MNIST_CLASSES", "from_arrays", "from_folder", "from_tfds",
            "inception_crop", "load_fashion_mnist", "load_image_files", "load_source",
@@ -460,11 +460,13 @@ def _needs_per_image_map(element: tf.TensorSpec, size, training, crop) -> bool:
                 and tuple(element.shape[:2]) == tuple(size) and (not training or crop == "none"))
 
 
-def _finish(size, num_classes, channels, training, flip, layers, seed=None):
+def _finish(size, num_classes, channels, training, flip, layers, seed=None,
+            convention: InputConvention = UNIT_RANGE):
     """The per-batch map: the random horizontal flip (each image its own draw), channels,
-    one-hot labels, the augmentation layers on uint8-range floats, then [-1, 1]. The flip
-    comes before grayscale images are repeated to three channels: a third of the work."""
-    to_unit_range = unit_range()
+    one-hot labels, the augmentation layers on uint8-range floats, then the input
+    convention. The flip comes before grayscale images are repeated to three channels: a
+    third of the work."""
+    normalize = convention.layer()
 
     def finish(images, labels):
         if training and flip:
@@ -478,7 +480,7 @@ def _finish(size, num_classes, channels, training, flip, layers, seed=None):
         for layer in layers:
             out = layer({"images": images, "labels": labels}, training=True)
             images, labels = out["images"], out.get("labels", labels)
-        return to_unit_range(images), labels
+        return normalize(images), labels
 
     return finish
 
@@ -509,17 +511,45 @@ def make_pipeline(
     cache: bool = False,
     drop_remainder: bool | None = None,
     seed: int | None = None,
+    convention: InputConvention = UNIT_RANGE,
 ) -> tf.data.Dataset:
-    """(uint8 image, int label) pairs -> batches of ([-1, 1] float images, one-hot labels).
+    """(uint8 image, int label) pairs -> batches of (float images normalised by `convention`,
+    [-1, 1] by default, and one-hot labels), what model.fit takes on any backend.
 
-    training=True: shuffle, crop ("inception", "pad4"-style "padN", or "none"), random
-    horizontal flip, then the given Keras preprocessing layers (RandAugment and the like, on
-    uint8-range values) and Mixup / CutMix (training.pipeline_options gives a recipe's).
-    training=False: plain resize, as vit_jax evaluates. Grayscale images are repeated to
-    `channels` channels. drop_remainder defaults to training (static shapes for TPUs).
-    cache=True keeps the images in memory after the first pass, resized where no random crop
-    follows (data that fits in memory). The pipeline runs without tf.data's autotuning thread
-    (_without_autotune).
+    In training: shuffle, crop, random horizontal flip, then the given Keras preprocessing
+    layers (RandAugment and the like, on uint8-range values) and Mixup / CutMix
+    (training.pipeline_options gives a recipe's). In evaluation: a plain resize, as vit_jax
+    evaluates. Images travel as uint8 until the last map, and the pipeline runs without
+    tf.data's autotuning thread, which made model.fit wait at its end.
+
+    Args:
+        dataset: (uint8 image, int label) pairs (from_arrays, from_folder, from_tfds).
+        image_size: the model's input size, an int or (height, width).
+        num_classes: the width of the one-hot labels.
+        batch_size: the images per batch.
+        training: shuffle, crop, flip and augment; False resizes only.
+        crop: the training crop: "inception" (vit_jax's random box), "padN" (a random
+            translation by up to N pixels, "pad4" for instance) or "none".
+        flip: random horizontal flips in training.
+        channels: grayscale images are repeated to this many channels.
+        augment: Keras preprocessing layers applied in training, on uint8-range floats.
+        mixup_alpha: Mixup's alpha in training; 0 for none.
+        cutmix_alpha: CutMix's alpha in training; 0 for none.
+        shuffle_buffer: the shuffle buffer's size, in images.
+        cache: keep the images in memory after the first pass, resized where no random crop
+            follows (for data that fits in memory).
+        drop_remainder: drop a last partial batch; None does so in training (static shapes
+            for TPUs).
+        seed: the seed of the shuffle, crops, flips and augmentation; None draws one.
+        convention: the input convention of the model the batches are for
+            (vit_keras.preprocessing.input_convention(model)).
+
+    Returns:
+        A tf.data.Dataset of (float32 images (batch, height, width, channels), one-hot float32
+        labels (batch, num_classes)).
+
+    Raises:
+        ValueError: an unknown crop.
     """
     if crop not in ("none", "inception") and not crop.startswith("pad"):
         raise ValueError(f"unknown crop {crop!r}: expected 'inception', 'padN' or 'none'")
@@ -543,7 +573,7 @@ def make_pipeline(
             lambda pair, crop_seed: prepare(*pair, crop_seed), num_parallel_calls=AUTOTUNE)
     dataset = dataset.batch(batch_size, num_parallel_calls=AUTOTUNE,
                             drop_remainder=training if drop_remainder is None else drop_remainder)
-    finish = _finish(size, num_classes, channels, training, flip, layers, seed)
+    finish = _finish(size, num_classes, channels, training, flip, layers, seed, convention)
     # In batch order, without parallel calls: the flips and augmentation layers draw from one
     # seeded generator, which parallel calls would take turns at in no fixed order.
     batches = dataset.map(finish).prefetch(AUTOTUNE)

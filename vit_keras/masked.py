@@ -229,7 +229,7 @@ def masked_patch_model(backbone: keras.Model, target: str = "mean_color",
     kind = check_target(target)
     names = [layer.name for layer in backbone.layers]
     embedding = backbone.get_layer(configs.EMBEDDING)
-    if embedding.input is not backbone.input:
+    if cell_size(backbone) != embedding.patch_size:  # a ResNet stem before the patches
         raise ValueError("masked patch prediction needs a plain ViT: a hybrid's patches are "
                          "ResNet features, not pixels")
     if any(isinstance(layer, PatchDropout) for layer in backbone.layers):

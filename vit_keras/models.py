@@ -7,7 +7,7 @@ import re
 
 import keras
 
-from vit_keras import configs, kernels
+from vit_keras import configs, kernels, preprocessing
 from vit_keras.configs import ViTConfig, as_pair, get_config
 from vit_keras.layers import (
     LAYER_NORM_EPSILON,
@@ -25,7 +25,7 @@ from vit_keras.position_embeddings import (
     AddPositionEmbedding,
     check_position_embedding,
 )
-from vit_keras.preprocessing import MODEL_LAYER, unit_range
+from vit_keras.preprocessing import InputConvention
 from vit_keras.resnet import resnet_stem
 from vit_keras.weights import load_weights, pretrained
 
@@ -63,6 +63,7 @@ def vit(
     channels: int = 3,
     dynamic_image_size: bool = False,
     include_preprocessing: bool = False,
+    input_convention: str | InputConvention | keras.Model | None = None,
     name: str | None = None,
 ) -> keras.Model:
     """Builds a Vision Transformer as a functional keras.Model.
@@ -73,10 +74,11 @@ def vit(
     of their own and leave that tree as it is. Every option has the paper's default, and the
     families' options are named as timm names them (docs/weights.md).
 
-    The input is float images (batch, height, width, channels) in [-1, 1] (vk.preprocess),
-    unless include_preprocessing is set. The output is the logits (include_top) or the pooled
-    representation, float32 under any mixed-precision policy, since the read-out and the head
-    run in float32.
+    The input is float images (batch, height, width, channels) normalised by the model's
+    input convention ([-1, 1] unless its weights or input_convention say otherwise;
+    vk.preprocess(images, model) gives it), or raw pixels with include_preprocessing. The
+    output is the logits (include_top) or the pooled representation, float32 under any
+    mixed-precision policy, since the read-out and the head run in float32.
 
     Args:
         variant: "B/16" and friends, or a hybrid such as "R50+B/16" (see vk.VARIANTS); a
@@ -139,10 +141,22 @@ def vit(
             are learned at, and the outputs at that size are the fixed-size model's
             (docs/features.md).
         include_preprocessing: the model takes raw pixels, uint8 or float in [0, 255], and
-            scales them to [-1, 1] itself, as vk.preprocess does (a float32 Rescaling layer
-            named "preprocessing" before the patch embedding). The name is Keras
-            Applications' option for the same thing. Off by default: the official input is
-            [-1, 1], which the data pipelines, apps and exports supply.
+            normalises them itself by its input convention, as vk.preprocess(images, model)
+            does: to [-1, 1], or by the mean and standard deviation of the release named in
+            weights (DeiT, DINO, MAE, DINOv2: ImageNet's; CLIP: OpenAI's) or of
+            input_convention (a float32 layer named "preprocessing" before the patch
+            embedding, vit_keras.preprocessing.Normalize). The name is Keras Applications'
+            option for the same thing. Off by default: the model takes normalised images,
+            which the data pipelines, apps and exports supply.
+        input_convention: how pixels are normalised for this model, recorded in it
+            (vk.input_convention(model)) for vk.preprocess, vit-keras predict and evaluate
+            and the exports' uint8 serving functions, and applied by include_preprocessing.
+            None: the release's when weights names one (weights="deit_in1k" records
+            ImageNet's mean and standard deviation, and the release itself), else nothing is
+            recorded and the model takes [-1, 1]. A release name, an InputConvention
+            (vit_keras.preprocessing.IMAGENET, ...) or a model records that convention
+            instead, for weights from a file path. The record is a layer without weights or
+            computation (vit_keras.preprocessing.InputRecord) that saves with the model.
         name: the model's name; by default from the variant, such as "vit_b_16".
 
     Returns:
@@ -154,7 +168,8 @@ def vit(
             a pre-trained name without a checkpoint for this variant; or options that
             contradict each other (classifier="token" without a class token, distilled
             without classifier="token", patch dropout with a relative position embedding,
-            remat with dropout).
+            remat with dropout); an input convention of three channels for a model of
+            another channel count, or a name that is no release.
     """
     config = get_config(variant)
     class_token = classifier == "token" or distilled if class_token is None else class_token
@@ -171,11 +186,13 @@ def vit(
                           num_register_tokens, mlp_activation)
     if isinstance(variant, str) and pretrained.is_name(weights):
         pretrained.checkpoint(variant, weights)  # a name without this variant: refused unbuilt
+    release = weights if pretrained.is_name(weights) else None
+    first = preprocessing.input_layer(include_preprocessing,
+                                      _convention(input_convention, release), release, channels)
     height, width = as_pair(image_size, "image_size")
     shape = (None, None) if dynamic_image_size else (height, width)
     inputs = keras.Input((*shape, channels), name="images")
-    images = (unit_range(MODEL_LAYER, dtype="float32")(inputs) if include_preprocessing
-              else inputs)
+    images = first(inputs) if first is not None else inputs
     tokens = TokenLayout(class_token, distilled, num_register_tokens, pre_norm,
                          layer_norm_epsilon)
     x = _embed(images, (height, width), dynamic_image_size, config, posemb, tokens)
@@ -197,6 +214,13 @@ def vit(
     if weights is not None:
         load_weights(model, weights, variant=variant)
     return model
+
+
+def _convention(given, release: str | None) -> InputConvention | None:
+    """The input convention a model records: the one given, else its release's, else none."""
+    if given is not None:
+        return preprocessing.input_convention(given)
+    return pretrained.PRETRAINED[release].convention if release else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,12 +6,15 @@ import keras
 
 from vit_keras import configs
 from vit_keras.intermediates import built_image_size
-from vit_keras.preprocessing import takes_raw_images, unit_range
+from vit_keras.preprocessing import input_convention, takes_raw_images
 
 
 def serving_model(model: keras.Model, fold_class_token: bool = False,
                   image_size: tuple[int, int] | None = None) -> keras.Model:
-    """uint8 images -> {"logits", "probabilities"}: the model with its preprocessing inside.
+    """uint8 images -> {"logits", "probabilities"}: the model with its preprocessing inside,
+    normalising by the model's input convention (vit_keras.preprocessing: [-1, 1], or the
+    mean and standard deviation its release recorded), or passing the pixels on to a model
+    that normalises them itself (include_preprocessing).
 
     Args:
         model: the Keras model (a vk.vit, or a model with one inside).
@@ -27,7 +30,8 @@ def serving_model(model: keras.Model, fold_class_token: bool = False,
     shape = model.input.shape[1:] if image_size is None else (*image_size,
                                                                model.input.shape[-1])
     images = keras.Input(shape, dtype="uint8", name="images")
-    scaled = images if takes_raw_images(model) else unit_range(name="to_unit_range")(images)
+    scaled = (images if takes_raw_images(model)
+              else input_convention(model).layer(name="normalize")(images))
     if fold_class_token and ClassTokenFolded.applies_to(model, shape[:2]):
         model = ClassTokenFolded(model)
     logits = keras.layers.Activation("linear", dtype="float32", name="logits")(model(scaled))

@@ -1,8 +1,8 @@
-"""The committed main-job model scores what its committed result says: docs/mainjob/model.keras,
-loaded in safe mode and run on the 10,000 Fashion-MNIST test images, preprocessed here from
-the IDX files (not through vit_keras.data), gets as many right as docs/mainjob/result.json's
-test accuracies mean: the recipe's (each image's logits averaged with its mirror's) and the
-single view's."""
+"""The committed Fashion-MNIST reference model scores what its committed result says:
+docs/mainjob/model.keras, loaded in safe mode and run on the 10,000 Fashion-MNIST test images,
+preprocessed here from the IDX files (not through vit_keras.data), gets as many right as
+docs/mainjob/result.json's test accuracies mean: the recipe's (each image's logits averaged
+with its mirror's) and the single view's."""
 
 import json
 from pathlib import Path

@@ -293,3 +293,12 @@ def test_the_model_cards_table_is_rendered_from_the_release_records(monkeypatch)
         if release.top1 is not None:
             assert release.top1.source in rows[f"| `{name}`"]
             assert set(release.top1.values) <= set(release.checkpoints), name
+
+
+@backend_independent
+def test_the_pages_table_of_conventions_has_the_constants_values():
+    page = (Path(__file__).parents[1] / "docs" / "pretrained.md").read_text()
+    for convention, constant in ((UNIT_RANGE, "UNIT_RANGE"), (IMAGENET, "IMAGENET"),
+                                 (OPENAI_CLIP, "OPENAI_CLIP")):
+        values = [", ".join(map(repr, side)) for side in (convention.mean, convention.std)]
+        assert f"| `{convention.name}` | `{constant}` | {values[0]} | {values[1]} |" in page

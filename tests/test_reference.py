@@ -3,6 +3,7 @@ mkdocstrings from the docstrings) covers every public name of vit_keras and of i
 submodules, each function and class with a docstring whose Args section names every
 parameter; docs/cli.md is each app's --help as the apps print it now."""
 
+import dataclasses
 import importlib
 import inspect
 import re
@@ -85,12 +86,13 @@ def own_docstring(value) -> str:
     return inspect.cleandoc(doc)
 
 
-def args_section(doc: str) -> list[str]:
-    """The names an Args section (Google style) documents, in order."""
+def args_section(doc: str, sections=("Args:",)) -> list[str]:
+    """The names an Args section (Google style) documents, in order; a dataclass's fields may
+    be documented as Attributes instead."""
     names, inside = [], False
     for line in doc.splitlines():
         if SECTION.match(line):
-            inside = line == "Args:"
+            inside = line in sections
         elif inside and line.startswith("    ") and not line.startswith("     "):
             match = ARGUMENT.match(line[4:])
             if match:
@@ -126,8 +128,9 @@ def test_every_public_function_and_class_documents_each_argument():
         if not doc:
             problems.append(f"{name}: no docstring")
             continue
-        expected, documented = parameters(value), args_section(doc)
-        if expected and "Args:" not in doc.splitlines():
+        sections = ("Args:", "Attributes:") if dataclasses.is_dataclass(value) else ("Args:",)
+        expected, documented = parameters(value), args_section(doc, sections)
+        if expected and not set(sections) & set(doc.splitlines()):
             problems.append(f"{name}: no Args section for {expected}")
         elif expected != documented:
             problems.append(f"{name}: Args {documented}, expected {expected}")

@@ -207,6 +207,16 @@ def test_new_class_count_gets_zero_head_and_pre_logits_are_dropped(tmp_path):
     assert "zero-initialised (new head)" in str(report)
 
 
+def test_a_head_behind_pre_logits_is_refused_on_a_model_without_them(tmp_path):
+    # The paper's ImageNet-21k files: pre_logits as wide as the model, so the head fits both.
+    path = write(tmp_path / "c.npz", official_layout.random_checkpoint(
+        np.random.default_rng(7), representation=32, classes=21))
+    model = vk.vit(TINY, image_size=32, num_classes=21)
+    with pytest.raises(ValueError, match=r"head reads a pre_logits layer of width 32, the "
+                                         r"model has none; build it with representation_size=32"):
+        vk.load_npz(model, path)
+
+
 def snapshot(model):
     return [keras.ops.convert_to_numpy(w).copy() for w in model.weights]
 

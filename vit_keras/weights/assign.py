@@ -141,6 +141,16 @@ def _check_options(targets, params, source) -> None:
                              f"checkpoint has not; build it with {without_part}")
 
 
+def _check_head_input(targets, params, source) -> None:
+    """A head is loaded only onto the representation it was trained on: a checkpoint's head
+    that reads a pre_logits layer would read the pooled tokens of a model without one."""
+    if f"{configs.PRE_LOGITS}/kernel" in params and f"{configs.PRE_LOGITS}/kernel" not in targets:
+        width = params[f"{configs.PRE_LOGITS}/kernel"].shape[-1]
+        raise ValueError(f"{source}: the checkpoint's head reads a pre_logits layer of width "
+                         f"{width}, the model has none; build it with representation_size="
+                         f"{width}, or with another num_classes for a new head")
+
+
 def _fit_posemb(model, value, ckpt_prefix, resample):
     layer = model.get_layer(configs.POSITION_EMBEDDING)
     return adapt_posemb(value, ckpt_prefix, layer.grid_size, layer.num_prefix_tokens, resample)
@@ -186,6 +196,7 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
         head_shapes = [tuple(targets[k].shape) for k in heads]
         found = [tuple(params[k].shape) for k in HEAD_KEYS if k in params]
         if found == head_shapes:
+            _check_head_input(targets, params, source)
             values.update({k: params[k].astype("float32") for k in heads})
         else:
             values.update({k: np.zeros(targets[k].shape, "float32") for k in heads})

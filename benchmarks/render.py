@@ -78,6 +78,9 @@ class Spec:
         if reports is None:
             reports = [read(path) for pattern in self.files
                        for path in sorted(glob.glob(os.path.join(ROOT, pattern)))]
+            if not reports:
+                raise FileNotFoundError(f"no report matches {', '.join(self.files)} under "
+                                        f"{ROOT}: expected the JSON the table renders")
         cells = [[CELL.vformat(template, (), printable(row)) for _, template in self.columns]
                  for row in self.rows(reports)]
         headers = [header for header, _ in self.columns]

@@ -700,6 +700,8 @@ def test_a_column_spec_renders_its_json_files_rows_as_a_table_or_a_line(tmp_path
                              "24 GiB.")
     with pytest.raises(KeyError, match="missing"):
         render.Spec((str(tmp_path / "a.json"),), (("x", "{missing}"),)).render()
+    with pytest.raises(FileNotFoundError, match=r"no report matches .*c\*\.json under"):
+        render.Spec((str(tmp_path / "c*.json"),), (("x", "{x}"),)).render()
 
 
 @backend_independent

@@ -6,7 +6,7 @@ import sys
 
 from . import common
 
-APPS = {"train": "train a ViT with a recipe and evaluate it (the main job without flags)",
+APPS = {"train": "train a ViT with a recipe and evaluate it (no flags: the reference run)",
         "finetune": "fine-tune a pre-trained checkpoint with the paper's recipe",
         "pretrain": "self-supervised pre-training by masked patch prediction (no labels)",
         "evaluate": "top-1, top-5, per-class accuracy and a confusion matrix",

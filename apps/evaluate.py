@@ -27,7 +27,7 @@ def main(argv=None):
                              "(every dense kernel)")
     parser.add_argument("--mirror", action="store_true",
                         help="average each image's logits with its mirror's (test-time flip, "
-                             "as the main job's recipe evaluates)")
+                             "as the fashion_mnist recipe evaluates)")
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
     args = parser.parse_args(argv)

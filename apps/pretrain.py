@@ -5,9 +5,9 @@ The backbone is saved as backbone.keras in the run folder, for apps.finetune.
 vit-keras pretrain [--objective masked-patch] [--target mean_color|downsized|pixels]
                    [--corruption 0.5] [--color-channels 1|3] [--seed 0]
                    [any vit-keras train flag: data, model, --epochs, --learning-rate, ...]
-Without --variant the backbone is the main job's model as a plain ViT (no ResNet: patches of
-pixels, 7x7 of 28-pixel images) on Fashion-MNIST (grayscale: the targets are 3-bit mean
-intensities, 8 classes).
+Without --variant the backbone is the reference run's model as a plain ViT (no ResNet:
+patches of pixels, 7x7 of 28-pixel images) on Fashion-MNIST (grayscale: the targets are 3-bit
+mean intensities, 8 classes).
 """
 
 import dataclasses

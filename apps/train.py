@@ -1,5 +1,5 @@
-"""Trains a ViT with one of the recipes and evaluates it; with no arguments, the main job:
-a small ViT on Fashion-MNIST (offline), evaluated on its test split.
+"""Trains a ViT with one of the recipes and evaluates it; with no arguments, the reference
+run: a small ViT on Fashion-MNIST (offline), evaluated on its test split.
 
 vit-keras train [--dataset fashion_mnist | --dataset NAME (tfds) | --folder DIR]
                 [--recipe fashion_mnist|pretrain|finetune|scratch] [--epochs N] ...
@@ -38,7 +38,7 @@ from .common import (
 # The main job's model: a hybrid (the paper's Sec. 3.1) of Fashion-MNIST resized to 32 pixels:
 # a ResNet stem of width 32 and one bottleneck unit make an 8x8 feature map, cut into 2x2
 # patches (16 tokens), then 4 blocks of width 64, global average pooling and fixed sincos2d
-# position embeddings (big_vision's "plain ViT" choices); docs/mainjob.md says why.
+# position embeddings (big_vision's "plain ViT" choices); notes/mainjob.md says why.
 MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128,
                       patch_size=2, resnet_layers=(1,), resnet_width=32, image_size=32,
                       num_classes=10, classifier="gap", posemb="sincos2d")
@@ -46,7 +46,7 @@ MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4
 # prediction (apps.pretrain), which corrupts patches of pixels: 7x7-pixel patches of 28-pixel
 # images, the main job's model before the hybrid.
 PLAIN_MAIN_JOB_MODEL = dict(resnet_layers=NO_RESNET, patch_size=7, image_size=28)
-# Its epochs, chosen in docs/mainjob.md; other runs default to DEFAULT_EPOCHS.
+# Its epochs, chosen in notes/mainjob.md; other runs default to DEFAULT_EPOCHS.
 MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 8, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
 # (docs/performance.md, the main-model rows); the other backends keep Keras' choice.
@@ -80,9 +80,9 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                              "stop")
     fit = parser.add_argument_group("training")
     fit.add_argument("--recipe", default=None, choices=RECIPES,
-                     help="default: fashion_mnist for the main job, else scratch")
+                     help="default: fashion_mnist for the reference run, else scratch")
     fit.add_argument("--epochs", type=positive_int, default=None,
-                     help=f"passes over the data (default {MAIN_JOB_EPOCHS} for the main job, "
+                     help=f"passes over the data (default {MAIN_JOB_EPOCHS} for the reference run, "
                           f"else {DEFAULT_EPOCHS})")
     fit.add_argument("--batch-size", type=positive_int, default=128,
                      help="global batch, split over the replicas")
@@ -122,18 +122,18 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--jit-compile", default=None, choices=sorted(JIT_COMPILE),
                      help="model.compile's jit_compile (XLA on TensorFlow and JAX, "
                           "torch.compile on PyTorch); default Keras' auto, and true for the "
-                          "main job on TensorFlow")
+                          "reference run on TensorFlow")
     fit.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"],
                      help="Keras dtype policy")
     fit.add_argument("--eval-every", type=non_negative_int, default=None, metavar="N",
                      help="evaluate on the held-out split every N epochs as well as at the end "
-                          "(0: only at the end); default 1, and 0 for the main job")
+                          "(0: only at the end); default 1, and 0 for the reference run")
     fit.add_argument("--seed", type=int, default=0,
                      help="seeds the initial weights, the shuffling and the augmentation")
     fit.add_argument("--recipe-option", action="append", default=[], metavar="FIELD=VALUE",
                      help="change one field of the recipe (vit_keras.training.Recipe), e.g. "
                           "label_smoothing=0.1; repeat for more")
-    add_model_arguments(parser, "the main job's model (a hybrid: 32-pixel images through a "
+    add_model_arguments(parser, "the reference run's model (a hybrid: 32-pixel images through a "
                                 "ResNet stem of width 32 and one bottleneck unit, 2x2 patches "
                                 "of its feature map, 4 blocks of width 64, global average "
                                 "pooling, sincos2d); with --variant, --image-size is 224 "

@@ -99,7 +99,7 @@ def test_help_prints_the_whole_purpose_and_every_flag_with_help(helps, name):
 
 def test_flag_defaults_are_shown(helps):
     text = " ".join(helps["helps"]["train"].split())
-    assert "passes over the data (default 8 for the main job, else 20)" in text  # --epochs
+    assert "passes over the data (default 8 for the reference run, else 20)" in text  # --epochs
     assert "how the head reads the tokens (default: token)" in text  # --classifier
 
 

@@ -25,7 +25,7 @@ conv2d, group_norm and max_pool compute what the hybrids' Conv2D, GroupNormaliza
 MaxPooling2D layers return on channels-last maps (vit_keras.resnet). On PyTorch the
 convolution and the pool are torch's own kernels on channels-first views: the maps stay
 channels-last in memory, where torch's CPU convolutions and pools run fastest; Keras' versions
-take several eager operations and copies each (docs/mainjob.md, the speed of the main job's
+take several eager operations and copies each (notes/mainjob.md, the speed of the main job's
 ResNet). group_norm there is an autograd function of its own on those maps, which also adds a
 residual and applies a ReLU. standardized_kernel is what StdConv convolves with, in torch
 operations on PyTorch.

@@ -361,41 +361,6 @@ def test_hybrid_flop_count_adds_the_resnet_convolutions():
     assert runners.resnet_macs(deeper, 32) == (resnet + second, 256)
 
 
-@backend_independent
-def test_revisions_compares_two_trees_taking_turns(tmp_path):
-    """The tree before is a copy of this checkout's vit_keras, the tree after this checkout:
-    the comparison runs, alternates, reads each tree's vit_keras, and summarises each tree's
-    own runs."""
-    import shutil
-    import statistics
-
-    from benchmarks import revisions
-
-    copy = tmp_path / "before"
-    shutil.copytree(ROOT / "vit_keras", copy / "vit_keras",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    report = revisions.main(["--before", str(copy), "--after", str(ROOT), "--smoke",
-                             "--rounds", "2", "--samples", "2", "--warmup", "1",
-                             "--json", str(tmp_path / "revisions.json")])
-    assert [(r["round"], r["tree"]) for r in report["runs"]] == [
-        (0, "before"), (0, "after"), (1, "after"), (1, "before")]
-    trees = {"before": copy.resolve(), "after": ROOT.resolve()}
-    for run in report["runs"]:
-        assert run["backend"] == keras.backend.backend()
-        assert Path(run["vit_keras"]).parent.parent == trees[run["tree"]]
-        assert run["params"] == smoke_params() and len(run["infer_s"]) == 2
-    [summary] = report["summary"]
-    assert summary["variant"] == "smoke" and summary["batch"] == 2
-    for kind in ("infer", "train"):
-        for tree in trees:  # images per second: the batch over each run's median seconds
-            rates = [2 / statistics.median(run[f"{kind}_s"]) for run in report["runs"]
-                     if run["tree"] == tree]
-            assert summary[kind][f"{tree}_images_s"] == pytest.approx(statistics.median(rates))
-        assert summary[kind]["ratio"] == pytest.approx(
-            summary[kind]["after_images_s"] / summary[kind]["before_images_s"])
-    assert json.loads((tmp_path / "revisions.json").read_text())["summary"] == report["summary"]
-
-
 def test_every_family_by_name_matches_timms_own_architecture():
     """benchmarks.parity builds each later family's timm model (its real options, shrunk)
     and loads it into vk.vit with the registry's options, on this pass's backend."""
@@ -651,21 +616,6 @@ def test_step_cost_builds_the_model_in_the_precision_asked_for():
     assert run.precision == "mixed_bfloat16"
     assert model.dtype_policy.name == "mixed_bfloat16"
     assert model.get_layer(configs.block_name(0)).compute_dtype == "bfloat16"
-
-
-@backend_independent
-def test_revisions_main_is_the_main_jobs_model():
-    import vit_keras as vk
-    from apps import common, train
-    from benchmarks import revisions
-
-    args = revisions.build_parser().parse_args(["--before", ".", "--after", ".",
-                                                "--variants", "main", "--backends", "torch"])
-    (spec,) = revisions.specs(args)
-    main_job = train.build_parser().parse_args([])
-    train.fill_defaults(main_job)
-    assert vk.ViTConfig(**spec["model"]) == common.model_config(main_job)
-    assert spec["image_size"] == main_job.image_size
 
 
 MACHINE = {"cpu": "Some CPU", "logical_cores": 2, "isa": ["avx2"], "memory_gib": 24}

@@ -28,6 +28,9 @@ class InputConvention:
         name: what the convention is called ("unit_range", "imagenet", "openai_clip").
         mean: the red, green and blue means subtracted, on the [0, 1] scale.
         std: the red, green and blue standard deviations divided by, on the [0, 1] scale.
+
+    Raises:
+        ValueError: a mean or std of other than 3 values, or a std that is not positive.
     """
 
     name: str
@@ -44,6 +47,11 @@ class InputConvention:
         if min(self.std) <= 0:
             raise ValueError(f"input convention {self.name!r}: expected positive std, got "
                              f"{self.std}")
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether the channels differ, so that only 3-channel images take the convention."""
+        return len(set(self.mean)) > 1 or len(set(self.std)) > 1
 
     @property
     def scale(self) -> float | tuple[float, ...]:
@@ -153,9 +161,22 @@ class Normalize(_Recorded, keras.layers.Rescaling):
 def input_layer(include_preprocessing: bool, convention: InputConvention | None,
                 release: str | None = None, channels: int = 3) -> keras.layers.Layer | None:
     """The layer vit() puts after its input: Normalize when it takes raw pixels, an
-    InputRecord when there is a convention to record, else none (the model is what it was
-    before records existed)."""
-    if convention is not None and isinstance(convention.scale, tuple) and channels != 3:
+    InputRecord when there is a convention to record, else none, so that a model without a
+    convention is the model it was before records existed.
+
+    Args:
+        include_preprocessing: whether the model takes raw pixels and normalises them.
+        convention: the convention to record, or None ([-1, 1], recorded only by Normalize).
+        release: the release the weights come from, or None.
+        channels: the model's image channels.
+
+    Returns:
+        The layer, or None for no layer.
+
+    Raises:
+        ValueError: a per-channel convention for a model of other than 3 channels.
+    """
+    if convention is not None and convention.per_channel and channels != 3:
         raise ValueError(f"input convention {convention.name!r} normalises 3 channels, "
                          f"but the model takes {channels}")
     if include_preprocessing:
@@ -225,7 +246,15 @@ def input_convention(model_or_release) -> InputConvention:
 
 def takes_raw_images(model: keras.Model) -> bool:
     """Whether `model` scales [0, 255] pixels itself (vit(include_preprocessing=True)), so
-    that nothing before it may scale them again."""
+    that nothing before it may scale them again; by the layer's name, which models saved
+    before records existed share.
+
+    Args:
+        model: a Keras model.
+
+    Returns:
+        True when the model has a layer named "preprocessing".
+    """
     return any(layer.name == MODEL_LAYER for layer in model.layers)
 
 
@@ -242,6 +271,10 @@ def preprocess(images, convention=None):
 
     Returns:
         A float32 tensor of the images' shape.
+
+    Raises:
+        ValueError: a name that is no release.
+        TypeError: a convention of another type.
     """
     images = keras.ops.cast(images, "float32")
     if isinstance(convention, keras.Model) and takes_raw_images(convention):

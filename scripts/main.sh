@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: sets everything up, trains a small ViT on Fashion-MNIST, evaluates it on the
-# test split and saves it (runs/fashion_mnist/). Extra arguments go to `python -m apps.train`.
+# The Fashion-MNIST reference run: sets everything up, trains a small ViT on Fashion-MNIST,
+# evaluates it on the test split and saves it (runs/fashion_mnist/). Extra arguments go to
+# `python -m apps.train`.
 # PyTorch unless KERAS_BACKEND says otherwise: the fastest backend for this model on the
-# project's CPUs (notes/mainjob.md, the backends' table).
+# project's CPUs (docs/performance.md, "Training on Fashion-MNIST", the backends' table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh main

@@ -555,7 +555,7 @@ def test_committed_main_job_model_loads_after_importing_vit_keras_alone():
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == "191338"  # the figure docs/mainjob.md quotes
+    assert done.stdout.split()[-1] == "191338"  # the figure docs/performance.md quotes
 
 
 def test_convert_builds_a_family_with_its_options(tmp_path):

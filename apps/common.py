@@ -284,6 +284,10 @@ def model_from_arguments(args, **overrides):
             raise ValueError(f"--family {args.family!r}: expected a named release, one of "
                              f"{', '.join(pretrained.names())}")
         kwargs.update(pretrained.PRETRAINED[args.family].architecture)
+    weights = getattr(args, "weights", None)
+    release = weights if pretrained.is_name(weights) else args.family
+    if release:  # the model records its weights' input convention, which pipelines follow
+        kwargs["input_convention"] = release
     return vk.vit(model_config(args), **{**kwargs, **overrides})
 
 

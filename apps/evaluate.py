@@ -32,7 +32,7 @@ def main(argv=None):
                                       "(default: beside the model)")
     args = parser.parse_args(argv)
     from vit_keras import data, evaluation, intermediates
-    from vit_keras.preprocessing import input_convention
+    from vit_keras.preprocessing import feeding, input_convention
 
     model = load_model(args.model)
     if args.quantize:
@@ -49,7 +49,7 @@ def main(argv=None):
     batches = data.make_pipeline(dataset, image_size=intermediates.built_image_size(model),
                                  num_classes=num_classes, batch_size=args.batch_size,
                                  training=False, channels=model.input.shape[-1],
-                                 convention=convention)
+                                 convention=feeding(model))
     report = evaluation.classification_report(
         *evaluation.predict_labels(model, batches, mirror=args.mirror), names)
     report.update(quantization=args.quantize, mirror=args.mirror,

@@ -81,7 +81,7 @@ def main(argv=None):
     backbone = train.build_model(args, recipe, num_classes, distribution)
     with distribution.scope():
         model = masked.masked_patch_model(backbone, args.target, args.color_channels)
-    batches, _ = train.pipelines(args, recipe, images, None, num_classes)
+    batches, _ = train.pipelines(args, recipe, images, None, num_classes, backbone)
     batches = masked.masked_patch_pipeline(batches, model_config(args).patch_size, args.target,
                                            args.corruption, args.color_channels, args.seed)
     print(f"pre-training {backbone.name} by masked patch prediction ({args.target}, "

@@ -283,12 +283,14 @@ def load_sources(args):
     return train, evaluation, names
 
 
-def pipelines(args, recipe, train, evaluation, num_classes):
-    """(repeated training batches, held-out batches or None)."""
+def pipelines(args, recipe, train, evaluation, num_classes, model):
+    """(repeated training batches, held-out batches or None), normalised by the model's input
+    convention (its weights' release's, else [-1, 1])."""
     from vit_keras import data, training
+    from vit_keras.preprocessing import feeding
 
     common = dict(image_size=args.image_size, num_classes=num_classes,
-                  batch_size=args.batch_size, channels=3)
+                  batch_size=args.batch_size, channels=3, convention=feeding(model))
     # Fashion-MNIST is read into memory whole (data.load_fashion_mnist): its resized copy fits
     # beside it, and the epochs after the first skip the resize.
     in_memory = args.dataset == "fashion_mnist" and not args.folder
@@ -388,7 +390,7 @@ def run_training(args) -> dict:
     keras.config.set_dtype_policy(args.precision)
     distribution = distribute.choose(args.distribution, args.tpu, args.model_axis)
     model = build_model(args, recipe, num_classes, distribution)
-    train_batches, eval_batches = pipelines(args, recipe, train, evaluation, num_classes)
+    train_batches, eval_batches = pipelines(args, recipe, train, evaluation, num_classes, model)
     if eval_batches is None:
         print("no held-out images: the run is not evaluated (pass --eval-folder or "
               "--validation-split N)")

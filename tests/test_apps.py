@@ -577,3 +577,26 @@ def test_convert_builds_a_family_with_its_options(tmp_path):
         convert.main(flags)
     convert.main([*flags, "--family", "dinov2_reg"])
     assert np.load(tmp_path / "reg.npz")["registers/tokens"].shape == (1, 4, 32)
+
+
+@backend_independent
+def test_training_from_a_releases_weights_records_and_feeds_its_convention():
+    import tensorflow as tf
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from apps import train
+    from vit_keras.preprocessing import input_convention
+
+    args = train.build_parser().parse_args(
+        [*TINY_FLAGS, "--variant", "Ti/16", "--image-size", "32", "--weights", "deit_in1k"])
+    train.fill_defaults(args)
+    model = train.model_from_arguments(args, num_classes=2)  # DeiT's weights, not yet loaded
+    convention = input_convention(model)
+    np.testing.assert_allclose([convention.mean, convention.std],
+                               [IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD])
+    pixels = np.full((1, 32, 32, 3), 200, np.uint8)
+    held_out = tf.data.Dataset.from_tensor_slices((pixels, [1]))
+    _, batches = train.pipelines(args, training.RECIPES["finetune"], held_out, held_out, 2, model)
+    got = next(iter(batches))[0].numpy()[0, 0, 0]
+    expected = (200 / 255 - np.array(IMAGENET_DEFAULT_MEAN)) / np.array(IMAGENET_DEFAULT_STD)
+    np.testing.assert_allclose(got, expected, atol=1e-5)

@@ -213,7 +213,13 @@ def test_an_exported_saved_model_normalises_by_the_deit_convention(tmp_path):
 
 
 @backend_independent
-def test_the_evaluation_pipeline_and_evaluate_take_the_models_convention(tmp_path):
+# A model that records the convention takes normalised batches; one with its own
+# preprocessing layer (include_preprocessing) takes the pixels and normalises them once.
+@pytest.mark.parametrize("first_layer", [
+    lambda: preprocessing.InputRecord(IMAGENET, name=preprocessing.RECORD_LAYER),
+    lambda: preprocessing.Normalize(IMAGENET, None, name=preprocessing.MODEL_LAYER)],
+    ids=["record", "own_preprocessing"])
+def test_the_evaluation_pipeline_and_evaluate_take_the_models_convention(tmp_path, first_layer):
     import tensorflow as tf
     from PIL import Image
 
@@ -230,7 +236,7 @@ def test_the_evaluation_pipeline_and_evaluate_take_the_models_convention(tmp_pat
     # A model that answers 1 where the channels' normalised values sum above zero: flat greys
     # between the ImageNet means and 127.5 tell the two conventions apart.
     inputs = keras.Input((32, 32, 3))
-    recorded = preprocessing.InputRecord(IMAGENET, name=preprocessing.RECORD_LAYER)(inputs)
+    recorded = first_layer()(inputs)
     head = keras.layers.Dense(2, name="head")
     model = keras.Model(inputs, head(keras.layers.GlobalAveragePooling2D()(recorded)))
     head.set_weights([np.tile([[-1.0, 1.0]], (3, 1)), np.zeros(2)])

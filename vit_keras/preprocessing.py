@@ -88,6 +88,8 @@ def _per_channel(values) -> float | tuple[float, ...]:
 
 
 UNIT_RANGE = InputConvention("unit_range", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+# Pixels as they are, [0, 255]: what a model with its own preprocessing layer is fed.
+RAW_PIXELS = InputConvention("raw_pixels", (0.0, 0.0, 0.0), (1 / 255, 1 / 255, 1 / 255))
 IMAGENET = InputConvention("imagenet", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 OPENAI_CLIP = InputConvention("openai_clip", (0.48145466, 0.4578275, 0.40821073),
                               (0.26862954, 0.26130258, 0.27577711))
@@ -256,6 +258,19 @@ def takes_raw_images(model: keras.Model) -> bool:
         True when the model has a layer named "preprocessing".
     """
     return any(layer.name == MODEL_LAYER for layer in model.layers)
+
+
+def feeding(model: keras.Model) -> InputConvention:
+    """What a pipeline feeding `model` applies: the model's convention, or nothing (the
+    pixels as they are, RAW_PIXELS) for a model that normalises them itself.
+
+    Args:
+        model: a Keras model.
+
+    Returns:
+        The InputConvention for vit_keras.data.make_pipeline(convention=...).
+    """
+    return RAW_PIXELS if takes_raw_images(model) else input_convention(model)
 
 
 def preprocess(images, convention=None):

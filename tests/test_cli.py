@@ -303,15 +303,19 @@ def test_console_script_runs_the_apps():
     assert asked.returncode == 0 and asked.stdout.startswith("usage: vit-keras NAME")
 
 
-def test_pip_installs_no_top_level_apps_package(tmp_path):
+def test_pip_installs_no_top_level_apps_package_and_ships_the_class_names(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                            "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     wheel = next(tmp_path.glob("*.whl"))
-    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {name.split("/")[0] for name in names}
     assert "vit_keras_apps" in top and "vit_keras" in top
     assert not top & {"apps", "benchmarks", "tests"}, top
+    # the class names decode_predictions reads ship with the package
+    assert {"vit_keras/weights/label_sets/imagenet1k.txt",
+            "vit_keras/weights/label_sets/imagenet21k.txt"} <= set(names)
 
 
 def test_install_page_tells_every_extra():

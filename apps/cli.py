@@ -10,7 +10,7 @@ APPS = {"train": "train a ViT with a recipe and evaluate it (no flags: the refer
         "finetune": "fine-tune a pre-trained checkpoint with the paper's recipe",
         "pretrain": "self-supervised pre-training by masked patch prediction (no labels)",
         "evaluate": "top-1, top-5, per-class accuracy and a confusion matrix",
-        "predict": "top-k labels for image files, from a .keras model or any export",
+        "predict": "top-k labels for image files, from a .keras model, any export or a release",
         "export": "SavedModel, TFLite and ONNX, each verified against the Keras model",
         "inspect": "the paper's attention and embedding figures for a model",
         "convert": "weights between .npz, .keras, .weights.h5 and timm / Hugging Face files",

@@ -162,5 +162,9 @@ def test_cli_reference_is_each_apps_current_help():
         cli_reference = importlib.import_module("cli_reference")
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    assert (ROOT / "docs" / "cli.md").read_text() == cli_reference.page(), \
-        "docs/cli.md is out of date: run python scripts/cli_reference.py"
+    pages = cli_reference.pages()
+    assert sorted(pages) == ["cli.md", *sorted(f"cli/{path.name}" for path in
+                                                (ROOT / "docs" / "cli").glob("*.md"))]
+    for path, text in pages.items():
+        assert (ROOT / "docs" / path).read_text() == text, \
+            f"docs/{path} is out of date: run python scripts/cli_reference.py"

@@ -1,21 +1,20 @@
 """vit_keras: the Vision Transformer of Dosovitskiy et al. (ICLR 2021) for Keras 3."""
 
-import contextlib as _contextlib
 import importlib as _importlib
-import importlib.util as _importlib_util
-import sys as _sys
 
-# Triton (torch.compile's compiler, loaded by `import timm` and torchvision through
-# torch._dynamo) segfaults when its native library loads after TensorFlow's, and Keras'
-# TensorFlow backend loads TensorFlow: loading Triton's library first makes `import vit_keras`
-# then `import timm` safe. Nothing to do when TensorFlow is already in (too late) or Triton is
-# not installed.
-if "tensorflow" not in _sys.modules and _importlib_util.find_spec("triton") is not None:
-    with _contextlib.suppress(ImportError):
-        import triton._C.libtriton  # noqa: F401
-
-# layers, intermediates, resnet and training register the .keras classes they define.
-from vit_keras import distribute, intermediates, layers, preprocessing, resnet, training, weights
+# compat first, before Keras loads TensorFlow: it loads Triton's library, which segfaults when
+# it loads after TensorFlow's (import timm, torchvision). layers, intermediates, resnet and
+# training register the .keras classes they define.
+from vit_keras import (
+    compat,  # noqa: F401 (imported for its effect: first)
+    distribute,
+    intermediates,
+    layers,
+    preprocessing,
+    resnet,
+    training,
+    weights,
+)
 from vit_keras.configs import VARIANTS, ViTConfig, get_config
 from vit_keras.intermediates import features
 from vit_keras.lora import lora, merge_lora

@@ -16,6 +16,8 @@ import os
 
 import keras
 
+from vit_keras import compat
+
 __all__ = ["KINDS", "Distribution", "choose", "prepare_model", "vit_layout_map"]
 
 KINDS = ("auto", "none", "tpu", "mirrored", "multiworker", "data-parallel", "model-parallel")
@@ -226,7 +228,7 @@ def prepare_model(model: keras.Model, distribution: Distribution) -> keras.Model
                 data_batch = tree.map_structure(local_batch, next(batches))
                 break
         with strategy.scope():
-            model._symbolic_build(data_batch=data_batch)
+            compat.symbolic_build(model, data_batch)
 
     def vector_logs(step):
         def wrapped(data):
@@ -234,7 +236,7 @@ def prepare_model(model: keras.Model, distribution: Distribution) -> keras.Model
                 lambda v: tf.reshape(v, [1]) if v.shape.rank == 0 else v, step(data))
         return wrapped
 
-    model._maybe_symbolic_build = maybe_symbolic_build
+    compat.set_maybe_symbolic_build(model, maybe_symbolic_build)
     model.train_step = vector_logs(model.train_step)
     model.test_step = vector_logs(model.test_step)
     return model

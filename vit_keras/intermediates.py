@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import keras
 from keras import ops
 
-from vit_keras import configs
+from vit_keras import compat, configs
 from vit_keras.layers import TransformerBlock
 from vit_keras.position_embeddings import AddPositionEmbedding, image_grid
 
@@ -57,7 +57,7 @@ def find_vit(model: keras.Model) -> tuple[keras.Model, keras.Model | None]:
 def _feeder(model: keras.Model, layer: keras.Model) -> keras.Model:
     """model's inputs -> what model passes to layer."""
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-    for node in layer._inbound_nodes:
+    for node in compat.inbound_nodes(layer):
         try:
             return keras.Model(inputs, node.input_tensors[0])
         except ValueError:

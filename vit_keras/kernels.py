@@ -46,6 +46,8 @@ import math
 import keras
 from keras import ops
 
+from vit_keras import compat
+
 ATTENTION_KERNELS = ("auto", "fused", "einsum")
 
 
@@ -351,19 +353,19 @@ def clip_by_global_norm_fused(optimizer) -> None:
         return
     import torch
 
-    keras_clip = type(optimizer)._clip_gradients
+    keras_clip = compat.keras_clip_gradients(optimizer)
 
     def clip_gradients(grads):
         limit = optimizer.global_clipnorm
         if not limit or optimizer.clipnorm or optimizer.clipvalue:
             return keras_clip(optimizer, grads)
         present = [grad for grad in grads if grad is not None]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(present)))
+        norm = torch.linalg.vector_norm(torch.stack(compat.foreach_norm(present)))
         scale = torch.clamp(limit / norm, max=1.0) + (norm - norm)
-        clipped = iter(torch._foreach_mul(present, scale))
+        clipped = iter(compat.foreach_mul(present, scale))
         return [None if grad is None else next(clipped) for grad in grads]
 
-    optimizer._clip_gradients = clip_gradients
+    compat.set_clip_gradients(optimizer, clip_gradients)
 
 
 def adam_update_fused(optimizer) -> None:
@@ -373,7 +375,7 @@ def adam_update_fused(optimizer) -> None:
     Variables elsewhere (on an accelerator the step count would have to be read back to the
     host), amsgrad, and steps inside torch.compile (whose functionalization refuses the
     kernel's in-place update) take Keras' update; weight decay and clipping stay Keras'."""
-    keras_update = getattr(type(optimizer), "_parallel_update_step", None)
+    keras_update = compat.keras_parallel_update(optimizer)
     if not (on_torch() and keras_update and isinstance(optimizer, keras.optimizers.Adam)):
         return
     import torch
@@ -385,15 +387,16 @@ def adam_update_fused(optimizer) -> None:
                 or len({value.dtype for value in values} | {g.dtype for g in grads}) != 1
                 or not all(value.is_contiguous() for value in values)):
             return keras_update(optimizer, grads, variables, learning_rate)
-        slots = [optimizer._get_variable_index(variable) for variable in variables]
+        slots = [compat.adam_slots(optimizer, compat.variable_index(optimizer, variable))
+                 for variable in variables]
         step = int(optimizer.iterations) + 1
-        torch._fused_adam_(  # it walks the tensors' memory in order: grads laid out as values
+        compat.fused_adam_(  # it walks the tensors' memory in order: grads laid out as values
             values, [grad.contiguous() for grad in grads],
-            [optimizer._momentums[i].value for i in slots],
-            [optimizer._velocities[i].value for i in slots], [],
+            [momentum.value for momentum, _ in slots],
+            [velocity.value for _, velocity in slots], [],
             [torch.tensor(float(step))] * len(values), lr=float(learning_rate),
             beta1=optimizer.beta_1, beta2=optimizer.beta_2, weight_decay=0.0,
             eps=optimizer.epsilon / math.sqrt(1 - optimizer.beta_2 ** step), amsgrad=False,
             maximize=False)
 
-    optimizer._parallel_update_step = update
+    compat.set_parallel_update(optimizer, update)

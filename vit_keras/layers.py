@@ -12,7 +12,7 @@ import math
 import keras
 from keras import ops
 
-from vit_keras import kernels
+from vit_keras import compat, kernels
 from vit_keras.configs import as_pair
 from vit_keras.position_embeddings import (
     POSITION_EMBEDDINGS,
@@ -186,8 +186,7 @@ class PatchEmbedding(keras.layers.Layer):
             f"expected images with {expected} channels, got {shape[-1]} (images of shape "
             f"{tuple(shape)}): convert the images (grayscale to RGB: np.repeat(images, 3, "
             f"axis=-1)) or build the model with channels={shape[-1]}")
-        error._keras_call_info_injected = True  # Keras then adds no argument dump around it
-        raise error
+        raise compat.without_call_info(error)
 
     def compute_output_shape(self, input_shape):
         if None in input_shape[1:3]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import keras
 
-from vit_keras import configs
+from vit_keras import compat, configs
 from vit_keras.weights.assign import load_params
 from vit_keras.weights.npz import model_params
 
@@ -68,7 +68,7 @@ def lora(model: keras.Model, rank: int = 8, targets=("query", "value"),
     for layer in model.layers:
         if layer.name.startswith(configs.BLOCK_PREFIX):
             layer.trainable = True
-            for sublayer in layer._flatten_layers(include_self=False):
+            for sublayer in compat.flatten_layers(layer, include_self=False):
                 sublayer.trainable = False
     for name, layer in _block_dense_layers(model):
         if name in targets:

@@ -15,7 +15,7 @@ import time
 import keras
 from keras import ops
 
-from vit_keras import configs, distribute, kernels
+from vit_keras import compat, configs, distribute, kernels
 
 __all__ = ["RECIPES", "FinalPatchDropRate", "HistoryFile", "KeptCheckpoints", "LayerwiseAdamW",
            "LayerwiseRates", "LayerwiseSGD", "Recipe", "WarmupSchedule", "callbacks",
@@ -325,7 +325,7 @@ def layer_rates(model: keras.Model, layer_decay: float | None = None,
     return rates
 
 
-class LayerwiseRates:
+class LayerwiseRates(compat.OptimizerHooks):
     """For a Keras optimizer class: each variable's learning rate times its multiplier
     (rate_multipliers, by variable path; 1 for the rest). Keras 3 optimizers take one rate for
     all variables; this one groups the variables by multiplier and runs its optimizer's own
@@ -361,30 +361,29 @@ class LayerwiseRates:
         """[(multiplier, its variables, their values)] in the order multipliers first occur."""
         groups = {}
         for index, variable in enumerate(variables):
-            multiplier = self._multipliers[self._get_variable_index(variable)]
+            multiplier = self._multipliers[compat.variable_index(self, variable)]
             groups.setdefault(multiplier, []).append(index)
         return [(multiplier, [variables[i] for i in indices],
                  [values[i] for i in indices] if values is not None else None)
                 for multiplier, indices in groups.items()]
 
-    def _get_current_learning_rate(self):
-        rate = super()._get_current_learning_rate()
-        return rate if self._rate_scale == 1 else rate * self._rate_scale
+    def rate_scale(self):
+        return self._rate_scale
 
-    def _apply_weight_decay(self, variables):
+    def weight_decay_step(self, variables):
         if self.weight_decay is None:
             return
-        decayed = [variable for variable in variables if self._use_weight_decay(variable)]
+        decayed = [variable for variable in variables if self.uses_weight_decay(variable)]
         for multiplier, group, _ in self._groups(decayed):
             self._rate_scale = multiplier  # Keras' weight decay reads the current rate
             try:
-                super()._apply_weight_decay(group)
+                self.keras_weight_decay_step(group)
             finally:
                 self._rate_scale = 1.0
 
-    def _backend_update_step(self, grads, trainable_variables, learning_rate):
-        for multiplier, group, group_grads in self._groups(trainable_variables, grads):
-            super()._backend_update_step(
+    def update_variables(self, grads, variables, learning_rate):
+        for multiplier, group, group_grads in self._groups(variables, grads):
+            self.keras_update_variables(
                 group_grads, group, learning_rate if multiplier == 1 else
                 learning_rate * multiplier)
 
@@ -453,9 +452,9 @@ def save_public_optimizer(model: keras.Model) -> keras.Model:
     """
     # The optimizer as compile received it (model.optimizer may wrap it, for loss scaling),
     # in the dict Keras serializes at saving.
-    compiled = model._compile_config.config
+    compiled = compat.compile_config(model)
     optimizer = compiled["optimizer"]
-    if type(optimizer).__module__.startswith("keras.src.backend."):
+    if compat.is_backend_optimizer(optimizer):
         config = keras.optimizers.serialize(optimizer)
         config.update(module="keras.optimizers", registered_name=None)
         compiled["optimizer"] = config

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from vit_keras import configs
+from vit_keras import compat, configs
 from vit_keras.intermediates import built_image_size
 from vit_keras.preprocessing import input_convention, takes_raw_images
 
@@ -94,8 +94,9 @@ class ClassTokenFolded(keras.Model):
         rest = model.layers[names.index(first_block):]
         # Only the model's own graph counts: a layer may be called elsewhere too (the
         # encoder norm in a vit_keras.intermediates.features model, say).
-        own = {id(node) for depth in model._nodes_by_depth.values() for node in depth}
-        nodes = [[node for node in layer._inbound_nodes if id(node) in own] for layer in rest]
+        own = compat.own_node_ids(model)
+        nodes = [[node for node in compat.inbound_nodes(layer) if id(node) in own]
+                 for layer in rest]
         chained = all(len(later) == 1 and later[0].parent_nodes[0].operation is earlier
                       for earlier, later in zip(rest[:-1], nodes[1:], strict=True))
         return chained and nodes[-1][0].outputs[0] is model.output

@@ -14,7 +14,7 @@ import warnings
 import keras
 import numpy as np
 
-from vit_keras import configs
+from vit_keras import compat, configs
 from vit_keras.weights.resample import adapt_posemb, resample_grid, resample_offsets
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
@@ -123,7 +123,7 @@ def model_variables(model: keras.Model) -> dict[str, keras.Variable]:
 def merged_kernels(model: keras.Model) -> dict[str, object]:
     """{kernel variable path: kernel with its LoRA adapters added} for every layer that has
     LoRA enabled (Keras' Dense and EinsumDense compute that sum as their `kernel`)."""
-    return {layer._kernel.path: layer.kernel for layer in model._flatten_layers()
+    return {compat.base_kernel(layer).path: layer.kernel for layer in compat.flatten_layers(model)
             if getattr(layer, "lora_enabled", False)}
 
 

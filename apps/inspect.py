@@ -128,8 +128,8 @@ def main(argv=None):
     model = load_model(args.model)
     shown, measured = input_pixels(args, model, files)
     out = output_folder(args)
-    maps = analysis.attention_rollout(model, preprocess(shown))
-    distances = analysis.mean_attention_distance(model, preprocess(measured))
+    maps = analysis.attention_rollout(model, preprocess(shown, model))
+    distances = analysis.mean_attention_distance(model, preprocess(measured, model))
     numbers = {"mean_attention_distance": distances.round(3).tolist()}
     figures = {"rollout.png": lambda path: rollout_figure(shown, maps, path),
                "attention_distance.png": lambda path: distance_figure(distances, path),

@@ -348,6 +348,31 @@ def test_inspect_writes_valid_pngs(tmp_path):
                                atol=1e-3)
 
 
+def test_inspect_feeds_the_model_by_its_recorded_convention(tmp_path):
+    import json
+
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    import vit_keras as vk
+    from apps import inspect
+    from tests.conftest import randomize
+    from vit_keras import analysis, data
+
+    path = str(tmp_path / "model.keras")
+    randomize(vk.vit(TINY, image_size=32, num_classes=2, input_convention="deit_in1k"),
+              scale=0.5).save(path)
+    images = write_images(tmp_path / "images", 3, 32, seed=3)
+    inspect.main([path, "--folder", str(images), "--images", "1", "--distance-images", "3",
+                  "--out", str(tmp_path / "figs")])
+    numbers = json.loads((tmp_path / "figs" / "inspect.json").read_text())
+    measured = data.sample_images(data.from_folder(str(images))[0], (32, 32), 3, 3)
+    by_hand = ((measured / 255 - np.array(IMAGENET_DEFAULT_MEAN))
+               / np.array(IMAGENET_DEFAULT_STD)).astype("float32")
+    expected = analysis.mean_attention_distance(keras.saving.load_model(path), by_hand)
+    np.testing.assert_allclose(numbers["mean_attention_distance"], expected.round(3),
+                               atol=1e-3)
+
+
 def test_inspect_draws_a_hybrid_without_patch_filters(tmp_path, capsys):
     import json
 

@@ -542,7 +542,8 @@ def make_pipeline(
             for TPUs).
         seed: the seed of the shuffle, crops, flips and augmentation; None draws one.
         convention: the input convention of the model the batches are for
-            (vit_keras.preprocessing.input_convention(model)).
+            (vit_keras.preprocessing.feeding(model): its recorded convention, or the pixels
+            as they are for a model with its own preprocessing layer).
 
     Returns:
         A tf.data.Dataset of (float32 images (batch, height, width, channels), one-hot float32

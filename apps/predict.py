@@ -101,8 +101,8 @@ def predict_release(args) -> list:
     labels.release_label_set(args.model)  # CLIP's projection or no head: refused unfetched
     entry = pretrained.checkpoint(args.variant, args.model)
     paths = image_paths(args.images)
-    model = vk.vit(args.variant, image_size=entry.resolution, num_classes=entry.num_classes,
-                   weights=args.model, **release.options)
+    model = vk.vit(args.variant, weights=args.model,
+                   **pretrained.vit_kwargs(args.model, args.variant))
     pixels = data.load_image_files(paths, entry.resolution)
     logits = model.predict(vk.preprocess(pixels, model), verbose=0)
     results = vk.decode_predictions(logits, top=args.top_k, model=model)

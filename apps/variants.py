@@ -44,7 +44,7 @@ def pretrained_table() -> str:
         options = ", ".join(f"`{k}={v!r}`" for k, v in release.options.items()) or "-"
         rows.append(f"| `{name}` | {release.description} | {release.data} | "
                     f"{', '.join(release.checkpoints)} | {first.resolution} | "
-                    f"{first.num_classes or 'no head'} | {release.convention.name} | "
+                    f"{release.num_classes or 'no head'} | {release.convention.name} | "
                     f"{_top1_cell(release.top1)} | {options} | {release.licence} |")
     return "\n".join(rows)
 

@@ -1,5 +1,9 @@
+import csv
+import http.server
+import importlib.resources
 import os
 import re
+import threading
 from pathlib import Path
 
 # Tests run one backend per process; .ci/run runs the suite once per backend.
@@ -120,3 +124,41 @@ def claim_run(flags: list[str]) -> Path:
     train.fill_defaults(args)
     train.claim_run_dir(args, train.run_dir_of(args))
     return Path(train.run_dir_of(args))
+
+
+@pytest.fixture
+def weights_server(tmp_path, monkeypatch):
+    """A loopback HTTP server over tmp_path/served, counting the requests it answers."""
+    root = tmp_path / "served"
+    root.mkdir()
+    requests = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self):  # noqa: N802
+            requests.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("VIT_KERAS_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}/")
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
+    yield root, requests
+    server.shutdown()
+    server.server_close()
+
+
+def timm_data(file_name: str) -> str:
+    return (importlib.resources.files("timm.data") / "_info" / file_name).read_text("utf-8")
+
+
+def timm_classes(synset_file: str) -> list[tuple[str, str]]:
+    """(synset, lemmas) per class as timm's files hold them, read here without timm's code."""
+    lemmas = dict(csv.reader(timm_data("imagenet_synset_to_lemma.txt").splitlines(),
+                             delimiter="\t"))
+    return [(synset, lemmas[synset]) for synset in timm_data(synset_file).splitlines()]

@@ -1,7 +1,5 @@
 import functools
-import http.server
 import re
-import threading
 import warnings
 
 import keras
@@ -604,33 +602,6 @@ def test_unknown_state_dict_is_refused():
     model = vk.vit(TINY, image_size=32, num_classes=7)
     with pytest.raises(ValueError, match="neither a timm ViT .* nor a Hugging Face ViT"):
         vk.load_pytorch_weights(model, {"conv.weight": np.zeros(3)})
-
-
-@pytest.fixture
-def weights_server(tmp_path, monkeypatch):
-    """A loopback HTTP server over tmp_path/served, counting the requests it answers."""
-    root = tmp_path / "served"
-    root.mkdir()
-    requests = []
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):  # noqa: N802
-            requests.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("VIT_KERAS_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}/")
-    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras_home"))
-    yield root, requests
-    server.shutdown()
-    server.server_close()
 
 
 def test_named_checkpoint_is_fetched_once_from_its_address(weights_server):

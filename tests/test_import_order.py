@@ -32,7 +32,6 @@ def test_import_vit_keras_then_timm_on_every_backend():
 PUBLIC_API_CHECK = """
 import sys
 
-import pytest
 import vit_keras as vk
 loaded = 'tensorflow' in sys.modules
 missing = [name for name in vk.__all__ if not hasattr(vk, name)]

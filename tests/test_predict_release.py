@@ -10,9 +10,7 @@ from PIL import Image
 
 import vit_keras as vk
 from apps import predict
-from tests.conftest import randomize
-from tests.test_checkpoints import weights_server  # noqa: F401  (a fixture)
-from tests.test_labels import timm_classes
+from tests.conftest import randomize, timm_classes
 from vit_keras.weights import pretrained
 
 PHOTO = Path(__file__).parent / "data" / "photo.jpg"

@@ -64,7 +64,6 @@ def timm_models(name: str) -> set[str]:
 @pytest.mark.parametrize("name", pretrained.names())
 def test_each_releases_convention_is_the_one_timm_publishes_for_its_files(name):
     convention = vk.input_convention(name)
-    assert convention == pretrained.PRETRAINED[name].convention
     for model in timm_models(name):
         published = timm.models.get_pretrained_cfg(model)
         np.testing.assert_allclose(convention.mean, published.mean, rtol=1e-12, err_msg=model)

@@ -218,9 +218,8 @@ def vit(
 
 def _convention(given, release: str | None) -> InputConvention | None:
     """The input convention a model records: the one given, else its release's, else none."""
-    if given is not None:
-        return preprocessing.input_convention(given)
-    return pretrained.PRETRAINED[release].convention if release else None
+    source = given if given is not None else release
+    return preprocessing.input_convention(source) if source else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -235,10 +235,7 @@ def input_convention(model_or_release) -> InputConvention:
     if isinstance(model_or_release, str):
         from vit_keras.weights import pretrained  # the registry imports this module
 
-        if not pretrained.is_name(model_or_release):
-            raise ValueError(f"no release named {model_or_release!r}: expected one of "
-                             f"{', '.join(pretrained.names())}")
-        return pretrained.PRETRAINED[model_or_release].convention
+        return pretrained.release(model_or_release).convention
     if isinstance(model_or_release, keras.Model):
         record = _record(model_or_release)
         return record.convention if record is not None else UNIT_RANGE
@@ -292,6 +289,6 @@ def preprocess(images, convention=None):
         TypeError: a convention of another type.
     """
     images = keras.ops.cast(images, "float32")
-    if isinstance(convention, keras.Model) and takes_raw_images(convention):
-        return images
+    if isinstance(convention, keras.Model):
+        convention = feeding(convention)
     return input_convention(UNIT_RANGE if convention is None else convention).layer()(images)

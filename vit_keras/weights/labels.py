@@ -15,7 +15,7 @@ import importlib.resources
 import keras
 import numpy as np
 
-from vit_keras import configs
+from vit_keras import configs, preprocessing
 from vit_keras.weights import pretrained
 
 # A head's count of classes -> the shipped label set that names them.
@@ -59,7 +59,7 @@ def release_label_set(release: str) -> str:
         ValueError: `release` is not a named release, its output is not class scores, or no
             shipped label set has its count of classes.
     """
-    classes = _release_classes(release)
+    classes = pretrained.release(release).num_classes
     if classes == 0:
         raise ValueError(f"release {release!r} has no head (its models are built with "
                          "include_top=False): its output is features, not class scores")
@@ -116,15 +116,14 @@ def _label_set(classes: int, model: keras.Model | None) -> str:
     if not any(layer.name == configs.HEAD for layer in model.layers):
         raise ValueError(f"model {model.name!r} has no head (built with include_top=False): "
                          "its output is the pooled features, not class scores")
-    from vit_keras.preprocessing import release_of  # the release recorded in the model
-
-    release = release_of(model)
+    release = preprocessing.release_of(model)
     if release is None:
         return _label_set_of_count(classes)
-    if classes != _release_classes(release):
+    head = pretrained.release(release).num_classes
+    if classes != head:
         raise ValueError(
             f"the logits have {classes} classes but the {release!r} release's head has "
-            f"{_release_classes(release)}: the model's head is its own (fine-tuned), whose "
+            f"{head}: the model's head is its own (fine-tuned), whose "
             "names are its training's; decode_predictions(logits) without model= goes by the "
             "count of classes")
     return release_label_set(release)
@@ -137,10 +136,3 @@ def _label_set_of_count(classes: int) -> str:
                          f"{known}")
     return LABEL_SETS[classes]
 
-
-def _release_classes(release: str) -> int:
-    """The count of classes of a release's head (0: none); its files share one."""
-    if not pretrained.is_name(release):
-        raise ValueError(f"unknown release {release!r}: expected one of "
-                         f"{', '.join(pretrained.names())}")
-    return next(iter(pretrained.PRETRAINED[release].checkpoints.values())).num_classes

@@ -89,6 +89,11 @@ class Release:
         these files' architecture, with a head of its own, takes."""
         return {k: v for k, v in self.options.items() if k != "include_top"}
 
+    @property
+    def num_classes(self) -> int:
+        """The count of classes of the release's head (0: no head); its files share one."""
+        return next(iter(self.checkpoints.values())).num_classes
+
 
 def _timm(hub_id: str, resolution: int = 224, num_classes: int = 1000,
           architecture: str | None = None) -> Checkpoint:
@@ -263,6 +268,21 @@ def names() -> list[str]:
 
 def is_name(weights) -> bool:
     return isinstance(weights, str) and weights in PRETRAINED
+
+
+def release(name: str) -> Release:
+    """The named release; a ValueError listing the names for any other."""
+    if not is_name(name):
+        raise ValueError(f"no release named {name!r}: expected one of {', '.join(names())}")
+    return PRETRAINED[name]
+
+
+def vit_kwargs(name: str, variant) -> dict:
+    """The vk.vit() keywords of the model that `name`'s file for `variant` was trained as:
+    its image size, its head and the release's options."""
+    entry = checkpoint(variant, name)
+    return {"image_size": entry.resolution, "num_classes": entry.num_classes,
+            **PRETRAINED[name].options}
 
 
 def checkpoint(variant, name: str) -> Checkpoint:

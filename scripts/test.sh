@@ -35,6 +35,15 @@ for backend in ${BACKENDS:-tensorflow jax torch}; do
     --dist loadscope --durations=25 "$@" tests | tee "$log"
   summary+=$'\n'"$backend $((SECONDS - backend_started)) s: $(tail -n 1 "$log" | tr -d '=')"
 done
+# The numerical parity tests (marked parity: the NumPy reference, timm's, a training step)
+# again on PyTorch with every fast path off, the general path they are checked against.
+if [[ " ${BACKENDS:-torch} " == *" torch "* ]]; then
+  echo "=== KERAS_BACKEND=torch VIT_KERAS_FAST_PATHS=0 (parity tests)"
+  parity_started=$SECONDS
+  VIT_KERAS_FAST_PATHS=0 KERAS_BACKEND=torch .venv/bin/python -m pytest -q -p no:cacheprovider \
+    -n 2 --dist loadscope -m parity "$@" tests | tee "$log"
+  summary+=$'\n'"torch, fast paths off $((SECONDS - parity_started)) s: $(tail -n 1 "$log" | tr -d '=')"
+fi
 echo "=== wall time per backend"
 echo "$summary"
 echo "total $((SECONDS - started)) s"

@@ -51,6 +51,7 @@ def write(path, params):
     return str(path)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("gap", [False, True])
 def test_official_npz_matches_timm_loader(tmp_path, gap):
     path = write(tmp_path / "c.npz", official_layout.random_checkpoint(
@@ -280,6 +281,7 @@ def randomize_torch(module, seed=0):
     return module
 
 
+@pytest.mark.parity
 def test_timm_state_dict_import_matches_timm(tmp_path):
     from safetensors.torch import save_file
 

@@ -118,6 +118,7 @@ def reference_blocks(model, x, classifier, depth, representation=False):
     return params, blocks, pooled
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("classifier", ["token", "gap"])
 def test_features_are_the_numpy_forward_pass_block_by_block(classifier):
     model = randomize(vk.vit({**TINY, "num_layers": 3}, image_size=(32, 48), num_classes=5,

@@ -11,7 +11,7 @@ import pytest
 
 import vit_keras as vk
 from tests.conftest import TINY, TINY_FLAGS, backend_independent, randomize
-from vit_keras import training
+from vit_keras import compat, kernels, training
 
 DECAY, HEAD = 0.5, 10.0
 LEARNING_RATE = 1e-2
@@ -56,6 +56,7 @@ def test_layer_rates_follow_mae_layer_ids():
     assert training.layer_rates(model) == {}
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_first_step_scales_each_variables_rate_and_weight_decay(optimizer):
     """One update with known gradients against the optimizers' equations at each variable's
@@ -80,6 +81,30 @@ def test_first_step_scales_each_variables_rate_and_weight_decay(optimizer):
             expected = v0 - rate * g
         np.testing.assert_allclose(v1 - v0, expected - v0, rtol=1e-4, atol=1e-8,
                                    err_msg=variable.path)  # float32 steps
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch's fused Adam kernel")
+def test_layerwise_adamw_takes_the_fused_update_once_per_rate_group(monkeypatch):
+    """On PyTorch each group of variables that share a rate is one call of torch's fused Adam
+    kernel (kernels.adam_update_fused), as Keras' own AdamW's variables are; with the fast
+    paths off, none."""
+    calls = []
+    fused = compat.fused_adam_
+    monkeypatch.setattr(compat, "fused_adam_", lambda *args, **kwargs: (
+        calls.append(len(args[0])), fused(*args, **kwargs)))
+    for on in (True, False):
+        monkeypatch.setattr(kernels, "FAST_PATHS_ON", on)
+        calls.clear()
+        model = tiny_model()
+        optimizer = training.make_optimizer(recipe("adamw"), model, total_steps=100)
+        assert isinstance(optimizer, training.LayerwiseAdamW)
+        optimizer.apply([keras.ops.ones(v.shape) for v in model.trainable_variables],
+                        model.trainable_variables)
+        groups = {}
+        for variable in model.trainable_variables:
+            groups[expected_rate(variable.path)] = groups.get(
+                expected_rate(variable.path), 0) + 1
+        assert sorted(calls) == (sorted(groups.values()) if on else [])
 
 
 def test_fit_with_gradient_accumulation_applies_the_rates_and_they_survive_saving(tmp_path):

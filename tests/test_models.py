@@ -19,6 +19,7 @@ from tests.conftest import (
     randomize,
     randomize_layer,
 )
+from vit_keras import kernels
 
 # vit-facts.md section 2: exact counts at 224 px with a 1000-class head (models_test.py).
 OFFICIAL_PARAMS = {
@@ -45,6 +46,7 @@ def test_hybrid_parameter_counts_match_official(variant):
     assert vk.vit(variant).count_params() == HYBRID_PARAMS[variant]
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("stages, patch", [((1, 2), 1), ((), 2)])
 def test_hybrid_forward_equals_numpy_resnet_and_transformer(stages, patch):
     # 32x48 makes SAME padding asymmetric in the strided convolutions and the max-pool.
@@ -93,6 +95,7 @@ def reference_posemb(model, posemb, classifier, grid):
     return None
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("classifier", ["token", "gap"])
 @pytest.mark.parametrize("posemb", ["learned", "sincos2d", "learned2d", "none"])
 def test_forward_equals_numpy_paper_equations(classifier, posemb):
@@ -438,29 +441,34 @@ def test_fit_with_patch_dropout_lowers_loss_and_refuses_a_whole_drop():
 
 
 def general_path_block_output(block, tokens, monkeypatch):
-    """The block's output with its sublayers called as Keras layers, not on the direct path."""
+    """The block's output with the fast paths off (VIT_KERAS_FAST_PATHS=0): its sublayers
+    called as Keras layers."""
     with monkeypatch.context() as patch:
-        for layer_class in (vk.layers.MultiHeadDotProductAttention, vk.layers.MlpBlock):
-            patch.setattr(layer_class, "takes_direct_path", lambda self, *args: False)
+        patch.setattr(kernels, "FAST_PATHS_ON", False)
+        assert not block.attention.takes_direct_path() and not block.mlp.takes_direct_path()
         return keras.ops.convert_to_numpy(
             keras.ops.cast(block(tokens, training=False), "float32"))
 
 
+@pytest.mark.parity
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="the direct path runs on PyTorch only (kernels.FAST_PATHS)")
 @pytest.mark.parametrize("policy, atol", [("float32", 1e-5), ("mixed_bfloat16", 3e-2)])
 @pytest.mark.parametrize("options", [
     {}, dict(layer_scale=0.5, qkv_bias=False, proj_bias=False, mlp_activation="quick_gelu",
              attention_kernel="einsum")])
 def test_block_direct_path_equals_its_general_path(policy, atol, options, monkeypatch):
     """The direct path (sublayers' variables through vit_keras.kernels, no Keras calls) gives
-    the general path's numbers to the dtype's tolerance on every backend, and is the path
-    taken by default."""
+    the general path's numbers to the dtype's tolerance, and is the path taken by default
+    where the switch leaves it on."""
     keras.config.set_dtype_policy(policy)
     try:
         block = randomize_layer(vk.layers.TransformerBlock(num_heads=4, mlp_dim=64, **options),
                                 (2, 17, 32))
     finally:
         keras.config.set_dtype_policy("float32")
-    assert block.attention.takes_direct_path() and block.mlp.takes_direct_path()
+    on = kernels.FAST_PATHS_ON
+    assert block.attention.takes_direct_path() is on and block.mlp.takes_direct_path() is on
     tokens = keras.ops.cast(np.random.default_rng(3).normal(size=(2, 17, 32)),
                             block.compute_dtype)
     direct = keras.ops.convert_to_numpy(keras.ops.cast(block(tokens), "float32"))
@@ -471,6 +479,8 @@ def test_block_direct_path_equals_its_general_path(policy, atol, options, monkey
                   ).max() > 0.1
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch" or not kernels.FAST_PATHS_ON,
+                    reason="the direct path runs on PyTorch with the fast paths on")
 def test_options_the_direct_path_cannot_serve_take_the_general_path():
     """Attention probabilities, attention dropout and dropout in training, qk_norm, LoRA and
     quantized kernels each send the sublayer that needs them to its Keras calls."""

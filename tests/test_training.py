@@ -15,7 +15,7 @@ import pytest
 
 import vit_keras as vk
 from tests.conftest import TINY, backend_independent, images, randomize
-from vit_keras import data, kernels, training
+from vit_keras import compat, data, kernels, training
 
 ROOT = Path(__file__).parents[1]
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
@@ -49,8 +49,9 @@ def test_weight_decay_touches_kernels_only():
     assert any("cls" in p for p in before) and any("pos_embedding" in p for p in before)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("global_norm", [0.5, 10.0])
-def test_gradients_clipped_to_the_recipes_global_norm(global_norm):
+def test_gradients_clipped_to_the_recipes_global_norm(global_norm, monkeypatch):
     # PyTorch clips with torch's multi-tensor ops (kernels.clip_by_global_norm_fused), the
     # others with Keras'; either way a plain SGD step of rate 1 moves each variable by its
     # gradient times min(1, clipnorm / the norm of all gradients together), computed here.
@@ -58,7 +59,10 @@ def test_gradients_clipped_to_the_recipes_global_norm(global_norm):
     model = vk.vit(TINY, image_size=32, num_classes=3)
     recipe = training.Recipe("sgd", 1.0, "linear", 0, momentum=0.0, clipnorm=1.0)
     optimizer = training.make_optimizer(recipe, model, total_steps=10**9)
-    assert ("_clip_gradients" in vars(optimizer)) == (keras.backend.backend() == "torch")
+    clipped_by_torch = []
+    foreach_norm = compat.foreach_norm
+    monkeypatch.setattr(compat, "foreach_norm", lambda tensors: (
+        clipped_by_torch.append(1), foreach_norm(tensors))[1])
     optimizer.global_clipnorm = 2.0
     variables = model.trainable_variables
     rng = np.random.default_rng(0)
@@ -68,6 +72,7 @@ def test_gradients_clipped_to_the_recipes_global_norm(global_norm):
     before = [keras.ops.convert_to_numpy(v).copy() for v in variables]
     optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
     scale = min(1.0, 2.0 / global_norm)
+    assert len(clipped_by_torch) == kernels.uses("multi_tensor_clipping")
     for variable, start, grad in zip(variables, before, grads, strict=True):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), start - scale * grad,
                                    atol=1e-6, err_msg=variable.path)
@@ -91,6 +96,7 @@ def adamw_reference(start, grads_per_step, rates, decayed, weight_decay, epsilon
     return values
 
 
+@pytest.mark.parity
 def test_adamw_steps_equal_keras_formula(monkeypatch):
     # PyTorch updates with torch's fused Adam kernel (kernels.adam_update_fused), which adds
     # epsilon elsewhere in the formula; the others with Keras' update. A large epsilon and
@@ -99,16 +105,9 @@ def test_adamw_steps_equal_keras_formula(monkeypatch):
     recipe = training.Recipe("adamw", 1e-2, "linear", 0, weight_decay=0.3, clipnorm=None)
     optimizer = training.make_optimizer(recipe, model, total_steps=4)
     fused_calls = []
-    if keras.backend.backend() == "torch":
-        import torch
-
-        kernel = torch._fused_adam_
-
-        def counted(*args, **kwargs):
-            fused_calls.append(1)
-            return kernel(*args, **kwargs)
-
-        monkeypatch.setattr(torch, "_fused_adam_", counted)
+    fused_adam = compat.fused_adam_
+    monkeypatch.setattr(compat, "fused_adam_", lambda *args, **kwargs: (
+        fused_calls.append(1), fused_adam(*args, **kwargs)))
     optimizer.epsilon = 1e-3  # read at each step
     variables = model.trainable_variables
     start = [keras.ops.convert_to_numpy(v).copy() for v in variables]
@@ -118,7 +117,7 @@ def test_adamw_steps_equal_keras_formula(monkeypatch):
     rates = [1e-2 * (1 - step / 4) for step in range(3)]  # the schedule's, step by step
     for grads in steps:
         optimizer.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
-    assert len(fused_calls) == (3 if keras.backend.backend() == "torch" else 0)
+    assert len(fused_calls) == 3 * kernels.uses("fused_adam")
     decayed = [v.path.endswith("kernel") for v in variables]
     expected = adamw_reference(start, steps, rates, decayed, 0.3, 1e-3)
     for variable, want in zip(variables, expected, strict=True):

@@ -6,7 +6,7 @@ import importlib as _importlib
 # it loads after TensorFlow's (import timm, torchvision). layers, intermediates, resnet and
 # training register the .keras classes they define.
 from vit_keras import (
-    compat,  # noqa: F401 (imported for its effect: first)
+    compat,  # first, for its effect
     distribute,
     intermediates,
     layers,
@@ -30,6 +30,8 @@ from vit_keras.weights import (
     save_weights,
 )
 from vit_keras.weights.labels import decode_predictions
+
+compat.check_at_import()
 
 # The public submodules are in __all__ beside the functions and classes. Those that import
 # TensorFlow when loaded (tf.data pipelines, SavedModel export) or that only some users need

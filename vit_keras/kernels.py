@@ -1,34 +1,35 @@
-"""Every backend-specific kernel choice of the model, behind one switch each, so that the
-layers read as the paper. This is the only module of the model that names a backend.
+"""Every backend-specific kernel choice of the model, chosen in one place (FAST_PATHS, uses)
+so that the layers read as the paper. This is the only module of the model that names a
+backend.
+
+A fast path computes what a general Keras path computes, faster on the backends where the
+benchmark shows it paying (docs/performance.md); everywhere else, and wherever
+VIT_KERAS_FAST_PATHS=0 is set in the environment when vit_keras is imported, the general path
+runs. A fast path whose private PyTorch or Keras names fail compat's check turns off too.
 
 attention, softmax(q k^T / sqrt(D_h) + bias) v over (batch, tokens, heads, D_h) tensors, the
 optional bias (batch, heads, tokens, tokens) added to the logits (relative position
-embeddings):
+embeddings), runs the kernel attention_route picks:
 - "einsum": keras.ops einsums in head-major layout, softmax in float32; the only kernel that
   can return the probabilities or apply attention dropout, so those always take it.
-- "fused": the backend's fused kernel: PyTorch's scaled_dot_product_attention, called
-  directly; keras.ops.dot_product_attention elsewhere (cuDNN under JAX on GPU).
-- "auto": "fused" where the backend has a fused kernel (PyTorch; JAX on an accelerator),
-  else "einsum": TensorFlow's and JAX's CPU versions of the fused op are the same einsums in
-  a token-major layout (docs/performance.md times both kernels).
+- "torch": PyTorch's scaled_dot_product_attention, called directly (a float attn_mask is its
+  additive bias, and torch's dispatcher picks among the kernels that take one).
+- "keras": keras.ops.dot_product_attention, the backend's fused kernel where it has one.
+Under attention_kernel "auto" a bias never reaches a fused kernel on an accelerator: Keras on a
+TPU may pick the Splash kernel, which takes no bias, and cuDNN's fused attention limits the
+bias gradient; "fused" with a bias there is refused.
 
-dense and layer_norm compute what a plain Dense, EinsumDense or LayerNormalization layer's
-call returns, from its variables: the blocks' direct path (vit_keras.layers). On PyTorch they
-are torch ops on the variables' tensors, since in eager mode a Keras layer call or keras.ops
-call costs many times the arithmetic of a small model (docs/performance.md, host overhead).
+dense, layer_norm and patch_embedding compute what a Dense or EinsumDense, LayerNormalization
+or PatchEmbedding layer's call returns, from its variables: the blocks' direct path
+(vit_keras.layers). On PyTorch they are torch ops on the variables' tensors, since in eager
+mode a Keras layer call costs many times the arithmetic of a small model (docs/performance.md,
+host overhead).
 
-patch_embedding computes what PatchEmbedding's strided convolution returns; on PyTorch, the
-flattened patches times the kernel as one matrix (the paper's linear projection), which reads
-the channels-last images as they are.
-
-conv2d, group_norm and max_pool compute what the hybrids' Conv2D, GroupNormalization and
-MaxPooling2D layers return on channels-last maps (vit_keras.resnet). On PyTorch the
-convolution and the pool are torch's own kernels on channels-first views: the maps stay
-channels-last in memory, where torch's CPU convolutions and pools run fastest; Keras' versions
-take several eager operations and copies each (notes/mainjob.md, the speed of the main job's
-ResNet). group_norm there is an autograd function of its own on those maps, which also adds a
-residual and applies a ReLU. standardized_kernel is what StdConv convolves with, in torch
-operations on PyTorch.
+conv2d, group_norm, max_pool and standardized_kernel compute what the hybrids' Conv2D,
+GroupNormalization, MaxPooling2D and StdConv return on channels-last maps (vit_keras.resnet).
+On PyTorch the convolution and the pool are torch's own kernels on channels-first views of
+maps that stay channels-last in memory, where torch's CPU kernels run fastest; group_norm is
+an autograd function of its own on those maps, which also adds a residual and applies a ReLU.
 
 clip_by_global_norm_fused gives an optimizer torch's multi-tensor norm and scale for its
 global-norm clipping on PyTorch, where Keras runs two operations per gradient; adam_update_fused
@@ -41,12 +42,54 @@ made once, since torch.compile cannot trace converting an array.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 
 import keras
 from keras import ops
 
 from vit_keras import compat
+
+# The switch, read once when vit_keras is imported (as timm reads TIMM_FUSED_ATTN): "0" runs
+# the general path everywhere.
+FAST_PATHS_VARIABLE = "VIT_KERAS_FAST_PATHS"
+FAST_PATHS_ON = os.environ.get(FAST_PATHS_VARIABLE, "1") != "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class FastPath:
+    """One fast path: what it replaces, the backends where the benchmark shows it paying, and
+    the compat features (private names) it needs."""
+
+    replaces: str
+    backends: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+
+
+FAST_PATHS = {
+    "direct_layers": FastPath("the blocks' Dense, LayerNormalization and patch embedding calls",
+                              ("torch",)),
+    "torch_attention": FastPath("keras.ops.dot_product_attention, and the einsums under 'auto'",
+                                ("torch",)),
+    "jax_attention": FastPath("the einsums under 'auto' on an accelerator", ("jax",)),
+    "channels_last_convolution": FastPath(
+        "the hybrids' Conv2D, GroupNormalization, MaxPooling2D and kernel standardisation",
+        ("torch",)),
+    "multi_tensor_clipping": FastPath("Keras' global-norm gradient clipping", ("torch",),
+                                      ("optimizer_replacements", "foreach")),
+    "fused_adam": FastPath("Keras' Adam and AdamW update", ("torch",),
+                           ("optimizer_replacements", "adam_slots", "fused_adam")),
+}
+
+
+def uses(name: str) -> bool:
+    """Whether fast path `name` (a key of FAST_PATHS) runs: the switch is on, the backend is
+    one where it pays, and compat's checks pass for every private name it needs."""
+    path = FAST_PATHS[name]
+    return (FAST_PATHS_ON and keras.backend.backend() in path.backends
+            and all(compat.supports(feature) for feature in path.needs))
+
 
 ATTENTION_KERNELS = ("auto", "fused", "einsum")
 
@@ -58,23 +101,60 @@ def check_attention_kernel(kernel: str) -> str:
     return kernel
 
 
-def on_torch() -> bool:
-    return keras.backend.backend() == "torch"
-
-
-def backend_has_fused_attention() -> bool:
-    """Whether "auto" picks the fused kernel: on PyTorch, and on JAX with an accelerator."""
-    if on_torch():
-        return True
-    if keras.backend.backend() == "jax":
+def device_kind(tensor) -> str:
+    """"cpu", "gpu" or "tpu": the kind of device `tensor` lives on (a JAX value being traced
+    lives where JAX places the computation, its default backend)."""
+    backend = keras.backend.backend()
+    if backend == "torch":
+        kind = tensor.device.type
+        return {"cuda": "gpu", "mps": "gpu", "xpu": "gpu", "xla": "tpu"}.get(kind, kind)
+    if backend == "jax":
         import jax
 
-        return jax.default_backend() != "cpu"
-    return False
+        if isinstance(tensor, jax.core.Tracer):
+            return jax.default_backend()
+        return next(iter(tensor.devices())).platform
+    device = getattr(tensor, "device", "") or ""
+    return "gpu" if ":GPU:" in device else "tpu" if ":TPU:" in device else "cpu"
 
 
-def uses_fused(kernel: str) -> bool:
-    return kernel == "fused" or (kernel == "auto" and backend_has_fused_attention())
+def attention_route(backend: str, device: str, kernel: str = "auto", bias: bool = False,
+                    dropout: bool = False, probabilities: bool = False,
+                    fast_paths: bool = True) -> str:
+    """The attention kernel for a call: "einsum", "torch" or "keras" (the module docstring).
+
+    Args:
+        backend: Keras' backend.
+        device: the kind of device the tensors live on: "cpu", "gpu" or "tpu".
+        kernel: the layer's attention_kernel: "auto", "fused" or "einsum".
+        bias: whether a bias is added to the logits.
+        dropout: whether attention dropout applies.
+        probabilities: whether the call returns the probabilities.
+        fast_paths: whether the backend's attention fast path runs (uses("torch_attention"),
+            uses("jax_attention")).
+
+    Returns:
+        The kernel's name.
+
+    Raises:
+        ValueError: "fused" with a bias on JAX on an accelerator, whose fused kernels drop or
+            limit it.
+    """
+    if probabilities or dropout or kernel == "einsum":
+        return "einsum"
+    accelerator = device != "cpu"
+    if kernel == "fused":
+        if bias and backend == "jax" and accelerator:
+            raise ValueError(f"attention_kernel='fused' with a logit bias (relative position "
+                             f"embeddings) on JAX on a {device}: Keras' fused kernels there "
+                             "take no bias (Splash on a TPU) or limit its gradient (cuDNN); "
+                             "expected attention_kernel 'auto' or 'einsum'")
+        return "torch" if backend == "torch" and fast_paths else "keras"
+    if backend == "torch" and fast_paths and not (bias and accelerator):
+        return "torch"
+    if backend == "jax" and fast_paths and accelerator and not bias:
+        return "keras"
+    return "einsum"
 
 
 def einsum_attention(query, key, value, dropout=None, training=None, bias=None):
@@ -92,77 +172,71 @@ def einsum_attention(query, key, value, dropout=None, training=None, bias=None):
     return ops.transpose(attended, (0, 2, 1, 3)), probs
 
 
-def fused_attention(query, key, value, bias=None):
-    """The fused kernel on (batch, tokens, heads, D_h) tensors. PyTorch's is called directly:
-    Keras' op first probes which of torch's kernels applies, which costs an eager call time
-    and breaks torch.compile's graph at every attention. A float attn_mask is PyTorch's
-    additive bias."""
-    if bias is not None:
-        bias = ops.cast(bias, query.dtype)
-    if on_torch():
-        import torch
+def torch_attention(query, key, value, bias=None):
+    """PyTorch's scaled_dot_product_attention on (batch, tokens, heads, D_h) tensors, called
+    directly: Keras' op first probes which of torch's kernels applies, which costs an eager
+    call time and breaks torch.compile's graph at every attention."""
+    import torch
 
-        query, key, value = (t.transpose(1, 2) for t in (query, key, value))
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=bias).transpose(1, 2)
-    return ops.dot_product_attention(query, key, value, bias=bias)
+    query, key, value = (t.transpose(1, 2) for t in (query, key, value))
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias).transpose(1, 2)
 
 
 def attention(query, key, value, kernel: str = "auto", dropout=None, training=None,
               return_probabilities: bool = False, bias=None):
-    """Attended values, and the probabilities (None from the fused kernel). dropout: a Keras
-    Dropout layer for the probabilities, or None; bias: added to the logits, or None."""
-    if return_probabilities or dropout is not None or not uses_fused(kernel):
+    """Attended values, and the probabilities (None from a fused kernel), by the kernel
+    attention_route picks. dropout: a Keras Dropout layer for the probabilities, or None;
+    bias: added to the logits, or None."""
+    backend = keras.backend.backend()
+    fast = backend in ("torch", "jax") and uses(f"{backend}_attention")
+    route = attention_route(backend, device_kind(query), kernel, bias is not None,
+                            dropout is not None, return_probabilities, fast)
+    if route == "einsum":
         return einsum_attention(query, key, value, dropout, training, bias)
-    return fused_attention(query, key, value, bias), None
+    if bias is not None:
+        bias = ops.cast(bias, query.dtype)
+    if route == "torch":
+        return torch_attention(query, key, value, bias), None
+    return ops.dot_product_attention(query, key, value, bias=bias), None
 
 
 def multi_head_attention(query, key, value, num_heads: int, kernel: str = "auto", bias=None):
-    """attention() on (batch, tokens, heads * D_h) projections, in and out: the heads split
-    and merged around the kernel."""
-    if on_torch():
-        batch, tokens, width = query.shape
-        heads = (batch, tokens, num_heads, width // num_heads)
-        query, key, value = (t.reshape(heads) for t in (query, key, value))
-        attended, _ = attention(query, key, value, kernel, bias=bias)
-        return attended.reshape(batch, tokens, width)
-    batch, tokens, width = ops.shape(query)
+    """attention() on (batch, tokens, heads * D_h) projections, in and out, on the direct path
+    (uses("direct_layers"), PyTorch): the heads split and merged by the tensors' own reshape
+    around the kernel."""
+    batch, tokens, width = query.shape
     heads = (batch, tokens, num_heads, width // num_heads)
-    query, key, value = (ops.reshape(t, heads) for t in (query, key, value))
+    query, key, value = (t.reshape(heads) for t in (query, key, value))
     attended, _ = attention(query, key, value, kernel, bias=bias)
-    return ops.reshape(attended, (batch, tokens, width))
+    return attended.reshape(batch, tokens, width)
 
 
 def dense(x, layer):
     """layer(x) for a Dense or EinsumDense layer whose call is x times its kernel plus its
-    bias (no LoRA, no quantized kernel), over x's last axis: the kernel as an (inputs,
-    outputs) matrix, the outputs flattened into the last axis."""
+    bias (no LoRA, no quantized kernel), over x's last axis, on the direct path (PyTorch): the
+    kernel as an (inputs, outputs) matrix, the outputs flattened into the last axis."""
+    import torch
+
     # The variable itself: the public kernel property works out LoRA and quantized kernels
     # first, which costs an eager call more than a small matmul.
-    kernel = getattr(layer, "_kernel", None)
-    kernel, bias = layer.kernel if kernel is None else kernel, layer.bias
-    if on_torch():
-        import torch
-
-        y = torch.matmul(x, kernel.value.reshape(x.shape[-1], -1))
-        return y if bias is None else y + bias.value.reshape(-1)
-    y = ops.matmul(x, ops.reshape(kernel, (ops.shape(x)[-1], -1)))
-    return y if bias is None else y + ops.reshape(bias, (-1,))
+    kernel, bias = compat.base_kernel(layer), layer.bias
+    y = torch.matmul(x, kernel.value.reshape(x.shape[-1], -1))
+    return y if bias is None else y + bias.value.reshape(-1)
 
 
 def layer_norm(x, layer):
     """layer(x) for a LayerNormalization layer over the last axis: computed in at least
-    float32, returned in the layer's compute dtype."""
-    if on_torch():
-        import torch
+    float32, returned in the layer's compute dtype: on the general path, the layer's call."""
+    if not uses("direct_layers"):
+        return layer(x)
+    import torch
 
-        if x.dtype.itemsize < 4:  # float16, bfloat16
-            x = x.float()
-        out = torch.nn.functional.layer_norm(x, x.shape[-1:], layer.gamma.value,
-                                             layer.beta.value, layer.epsilon)
-        return ops.cast(out, layer.compute_dtype)
-    return ops.cast(ops.layer_normalization(x, layer.gamma, layer.beta, -1, layer.epsilon),
-                    layer.compute_dtype)
+    if x.dtype.itemsize < 4:  # float16, bfloat16
+        x = x.float()
+    out = torch.nn.functional.layer_norm(x, x.shape[-1:], layer.gamma.value, layer.beta.value,
+                                         layer.epsilon)
+    return ops.cast(out, layer.compute_dtype)
 
 
 def group_norm(x, layer, relu: bool = False, residual=None):
@@ -172,8 +246,8 @@ def group_norm(x, layer, relu: bool = False, residual=None):
     (CHANNELS_LAST_GROUP_NORM) does all three on the channels-last maps where they lie:
     torch's own kernel copies them or runs slowly on them, and the sum and the ReLU after a
     norm are passes over the maps of their own."""
-    if not (on_torch() and len(x.shape) == 4 and layer.axis in (-1, 3) and layer.scale
-            and layer.center):
+    if not (uses("channels_last_convolution") and len(x.shape) == 4 and layer.axis in (-1, 3)
+            and layer.scale and layer.center):
         y = keras.layers.GroupNormalization.call(layer, x)
         y = y if residual is None else y + residual
         return ops.relu(y) if relu else y
@@ -244,7 +318,8 @@ def _channels_last_group_norm():
 
 
 # made once, on import: torch.compile traces a call of the function, not a class definition
-CHANNELS_LAST_GROUP_NORM = _channels_last_group_norm() if on_torch() else None
+CHANNELS_LAST_GROUP_NORM = (_channels_last_group_norm()
+                            if keras.backend.backend() == "torch" else None)
 
 
 def patch_embedding(images, layer):
@@ -252,7 +327,7 @@ def patch_embedding(images, layer):
     convolution over channels-last images, plus its bias, as (batch, grid_h * grid_w, D)
     tokens (rows and columns past the last whole patch left out)."""
     kernel, size = layer.kernel, layer.patch_size
-    if not on_torch():
+    if not uses("direct_layers"):
         x = ops.conv(images, kernel, strides=size, padding="valid")
         if layer.use_bias:
             x = x + layer.bias
@@ -272,7 +347,7 @@ def constant(array):
     CPU tensor made once (torch.compile cannot trace converting an array, and the call's
     convert_to_tensor moves it to the device), elsewhere the array, which TensorFlow and JAX
     fold into their graphs."""
-    if not on_torch():
+    if keras.backend.backend() != "torch":
         return array
     import torch
 
@@ -290,8 +365,8 @@ def conv2d(x, kernel, layer):
     """layer.convolution_op(x, kernel) for a channels-last Conv2D layer: kernel (height,
     width, inputs, outputs), "same" padding by TensorFlow's rule. On PyTorch without dilation
     or groups, torch's convolution on channels-last memory."""
-    if not (on_torch() and layer.data_format == "channels_last" and layer.groups == 1
-            and max(layer.dilation_rate) == 1):
+    if not (uses("channels_last_convolution") and layer.data_format == "channels_last"
+            and layer.groups == 1 and max(layer.dilation_rate) == 1):
         return keras.layers.Conv2D.convolution_op(layer, x, kernel)
     import torch
 
@@ -311,7 +386,7 @@ def standardized_kernel(kernel, epsilon: float, dtype):
     zero mean and unit standard deviation (plus epsilon) over the rest, computed in float32
     (a bfloat16 mean and variance would lose small filters), returned in dtype (the
     backend's, as a tensor's dtype is)."""
-    if on_torch():
+    if uses("channels_last_convolution"):
         kernel = (kernel.value if isinstance(kernel, keras.Variable) else kernel).float()
         centred = kernel - kernel.mean(dim=(0, 1, 2), keepdim=True)
         std = centred.square().mean(dim=(0, 1, 2), keepdim=True).sqrt()
@@ -328,7 +403,8 @@ def max_pool(x, layer):
     total // 2 on both sides and ceil_mode adds the odd one after, which a stride of 2 or more
     allows (with strides no larger than the pool); other pools take Keras' path."""
     strides, sizes = layer.strides, layer.pool_size
-    if (not on_torch() or layer.data_format != "channels_last" or min(strides) < 2
+    if (not uses("channels_last_convolution") or layer.data_format != "channels_last"
+            or min(strides) < 2
             or any(stride > size for stride, size in zip(strides, sizes, strict=True))):
         return keras.layers.MaxPooling2D.call(layer, x)
     import torch
@@ -349,7 +425,7 @@ def clip_by_global_norm_fused(optimizer) -> None:
     dispatches per variable. The scale is Keras': min(1, global_clipnorm / norm), NaN where
     the norm is not finite. Read at every step; without global_clipnorm, or with Keras' other
     clipping set, Keras' own clipping runs."""
-    if not on_torch():
+    if not uses("multi_tensor_clipping"):
         return
     import torch
 
@@ -376,7 +452,8 @@ def adam_update_fused(optimizer) -> None:
     host), amsgrad, and steps inside torch.compile (whose functionalization refuses the
     kernel's in-place update) take Keras' update; weight decay and clipping stay Keras'."""
     keras_update = compat.keras_parallel_update(optimizer)
-    if not (on_torch() and keras_update and isinstance(optimizer, keras.optimizers.Adam)):
+    if not (uses("fused_adam") and keras_update
+            and isinstance(optimizer, keras.optimizers.Adam)):
         return
     import torch
 

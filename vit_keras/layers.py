@@ -417,8 +417,9 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     def takes_direct_path(self, training=None, return_attention_scores=False) -> bool:
         """Whether call() computes the projections from their variables (vit_keras.kernels
         .dense) instead of through their Keras calls, which cost an eager backend many times
-        the arithmetic of a small model. The general path serves what the direct one cannot:
-        the probabilities, attention dropout in training, qk_norm, and projections that LoRA or
+        the arithmetic of a small model: where the fast path "direct_layers" runs
+        (kernels.uses). The general path serves what the direct one cannot: the
+        probabilities, attention dropout in training, qk_norm, and projections that LoRA or
         quantization changed.
 
         Args:
@@ -428,7 +429,8 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         Returns:
             True where the direct path serves the call.
         """
-        return (not return_attention_scores and not self.qk_norms
+        return (kernels.uses("direct_layers") and not return_attention_scores
+                and not self.qk_norms
                 and not (training and self.dropout_rate)
                 and all(map(plain_dense, (self.query, self.key, self.value, self.out))))
 
@@ -547,7 +549,8 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
 
     def takes_direct_path(self, training=None) -> bool:
         """Whether call() computes the Dense layers from their variables, as attention's
-        direct path: not with dropout in training, LoRA or quantized kernels.
+        direct path (kernels.uses("direct_layers")): not with dropout in training, LoRA or
+        quantized kernels.
 
         Args:
             training: whether the call is in training.
@@ -555,7 +558,8 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
         Returns:
             True where the direct path serves the call.
         """
-        return (not (training and self.dropout_rate) and plain_dense(self.dense_0)
+        return (kernels.uses("direct_layers") and not (training and self.dropout_rate)
+                and plain_dense(self.dense_0)
                 and plain_dense(self.dense_1))
 
     def direct(self, x):
@@ -735,9 +739,8 @@ class TransformerBlock(keras.layers.Layer):
 
     def _forward(self, x, scales, training, return_attention_scores=False, normed=None):
         """The block's equations. Its sublayers run on their direct paths where they can
-        (MultiHeadDotProductAttention.takes_direct_path), the LayerNorms and LayerScales
-        always: a Keras layer call costs an eager backend more than a small block's
-        arithmetic."""
+        (MultiHeadDotProductAttention.takes_direct_path, kernels.layer_norm), the LayerScales'
+        call without Keras' layer call around it."""
         def residual(branch, index):
             if self.branch_scales:
                 branch = self.branch_scales[index].call(branch)

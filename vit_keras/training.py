@@ -391,13 +391,16 @@ class LayerwiseRates(compat.OptimizerHooks):
         return {**super().get_config(), "rate_multipliers": dict(self.rate_multipliers)}
 
 
+# Built on the class Keras itself runs for AdamW and SGD on this backend (PyTorch's
+# multi-tensor versions there), so that each rate group takes the update Keras' own optimizer
+# would, and make_optimizer's fast paths (kernels.adam_update_fused) apply per group.
 @keras.saving.register_keras_serializable(package="vit_keras")
-class LayerwiseAdamW(LayerwiseRates, keras.optimizers.AdamW):
+class LayerwiseAdamW(LayerwiseRates, compat.keras_optimizer_class(keras.optimizers.AdamW)):
     """AdamW with a learning-rate multiplier per variable (LayerwiseRates)."""
 
 
 @keras.saving.register_keras_serializable(package="vit_keras")
-class LayerwiseSGD(LayerwiseRates, keras.optimizers.SGD):
+class LayerwiseSGD(LayerwiseRates, compat.keras_optimizer_class(keras.optimizers.SGD)):
     """SGD with a learning-rate multiplier per variable (LayerwiseRates)."""
 
 

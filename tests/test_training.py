@@ -419,6 +419,15 @@ def test_a_file_recording_a_resolved_jit_compile_loads_compiled_as_auto(tmp_path
                                keras.ops.convert_to_numpy(model(images())), atol=1e-5)
 
 
+@backend_independent
+def test_committed_keras_files_record_no_resolved_jit_compile():
+    """The models committed under docs/ and notes/ (the docs load them with their compile
+    state) record jit_compile "auto", not the True or False their runs resolved."""
+    found = sorted({*ROOT.glob("docs/**/*.keras"), *ROOT.glob("notes/**/*.keras")})
+    assert found, "no committed .keras files found under docs/ or notes/"
+    recorded = {str(path.relative_to(ROOT)): saved_jit_compile(path) for path in found}
+    assert recorded == dict.fromkeys(recorded, "auto")
+
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
               "--patch-size", "7", "--resnet-layers", "none", "--image-size", "28",
               "--batch-size", "64"]

@@ -32,7 +32,7 @@ def portable_jit_compile(model: keras.Model) -> keras.Model:
     return model
 
 
-def load_model(path: str, compile: bool = True) -> keras.Model:
+def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
     """A .keras file as a model, in safe mode. With its compile state (optimizer, loss,
     metrics), the model compiles as saved except for jit_compile, which is "auto" whatever the
     file records: an older file records the value its run resolved (True on JAX and with XLA
@@ -49,6 +49,7 @@ def load_model(path: str, compile: bool = True) -> keras.Model:
         FileNotFoundError: a file that does not exist.
         ValueError: a file that is no zip archive, or a damaged one (naming the file).
     """
+    path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
     if not zipfile.is_zipfile(path):

@@ -212,9 +212,9 @@ def image_paths(inputs) -> list[str]:
 
 def load_model(path: str):
     """A .keras file in safe mode; a missing file and an unreadable one are told apart."""
-    from vit_keras.weights.files import read_keras_model
+    from vit_keras.weights.files import load_model as read
 
-    return read_keras_model(path)
+    return read(path, compile=False)
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, without_variant: str,

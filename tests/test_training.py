@@ -365,6 +365,68 @@ def test_saved_compile_state_loads_on_tensorflow(tmp_path, policy):
     assert loaded.stdout.split()[-2:] == ["AdamW", "0.003"]
 
 
+
+def saved_jit_compile(path):
+    """The jit_compile a .keras file's compile config records, read from its config.json."""
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read("config.json"))["compile_config"]["jit_compile"]
+
+
+def keras_auto_jit_compile() -> bool:
+    """What a fresh model.compile(jit_compile="auto") resolves to on this backend."""
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    model.compile(jit_compile="auto")
+    return model.jit_compile
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_saved_keras_files_record_jit_compile_auto_whatever_the_run_compiled_with(
+        tmp_path, jit_compile):
+    """Keras records the jit_compile a compile resolved; the library's compile and its .keras
+    writer record "auto", so the file compiles as the loading backend chooses, while the
+    model itself still runs as it was compiled."""
+    ours = training.compile_model(vk.vit(TINY, image_size=32, num_classes=3),
+                                  training.RECIPES["fashion_mnist"], total_steps=10,
+                                  jit_compile=jit_compile)
+    assert ours.jit_compile is jit_compile
+    ours.save(tmp_path / "compiled.keras")  # as ModelCheckpoint and the apps save
+    users = vk.vit(TINY, image_size=32, num_classes=3)
+    users.compile(optimizer="adamw", loss="mse", jit_compile=jit_compile)
+    vk.save_weights(users, tmp_path / "users.keras")
+    assert users.jit_compile is jit_compile
+    for name in ("compiled.keras", "users.keras"):
+        assert saved_jit_compile(tmp_path / name) == "auto", name
+
+
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_a_file_recording_a_resolved_jit_compile_loads_compiled_as_auto(tmp_path, jit_compile):
+    """A file written before (plain Keras, which records True or False) loads through
+    vk.load_model with its optimizer state and jit_compile as a fresh "auto" compile
+    resolves it on this backend (True on PyTorch would torch.compile the first predict)."""
+    model = vk.vit(TINY, image_size=32, num_classes=3)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss="mse", jit_compile=jit_compile)
+    model.optimizer.build(model.trainable_variables)
+    model.optimizer.iterations.assign(7)
+    model.save(tmp_path / "old.keras")
+    assert saved_jit_compile(tmp_path / "old.keras") is jit_compile  # as older files record
+    loaded = vk.load_model(tmp_path / "old.keras")
+    assert loaded.compiled and int(loaded.optimizer.iterations) == 7
+    assert loaded.jit_compile is keras_auto_jit_compile()
+    loaded.save(tmp_path / "again.keras")
+    assert saved_jit_compile(tmp_path / "again.keras") == "auto"
+    np.testing.assert_allclose(loaded.predict(images(), verbose=0),
+                               keras.ops.convert_to_numpy(model(images())), atol=1e-5)
+
+
+@backend_independent
+def test_committed_keras_files_record_no_resolved_jit_compile():
+    """The models committed under docs/ and notes/ (the docs load them with their compile
+    state) record jit_compile "auto", not the True or False their runs resolved."""
+    found = sorted({*ROOT.glob("docs/**/*.keras"), *ROOT.glob("notes/**/*.keras")})
+    assert found, "no committed .keras files found under docs/ or notes/"
+    recorded = {str(path.relative_to(ROOT)): saved_jit_compile(path) for path in found}
+    assert recorded == dict.fromkeys(recorded, "auto")
+
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
               "--patch-size", "7", "--resnet-layers", "none", "--image-size", "28",
               "--batch-size", "64"]

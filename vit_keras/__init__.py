@@ -23,6 +23,7 @@ from vit_keras.preprocessing import InputConvention, input_convention, preproces
 from vit_keras.weights import (
     LoadReport,
     load_keras_hub,
+    load_model,
     load_npz,
     load_pytorch_weights,
     load_weights,
@@ -41,9 +42,10 @@ _LAZY_SUBMODULES = ("analysis", "data", "evaluation", "export", "masked")
 
 __all__ = ["VARIANTS", "InputConvention", "LoadReport", "ViTConfig", "analysis", "data",
            "decode_predictions", "distribute", "evaluation", "export", "features", "get_config",
-           "input_convention", "intermediates", "layers", "load_keras_hub", "load_npz",
-           "load_pytorch_weights", "load_weights", "lora", "masked", "merge_lora", "preprocess",
-           "preprocessing", "resnet", "save_npz", "save_weights", "training", "vit", "weights"]
+           "input_convention", "intermediates", "layers", "load_keras_hub", "load_model",
+           "load_npz", "load_pytorch_weights", "load_weights", "lora", "masked", "merge_lora",
+           "preprocess", "preprocessing", "resnet", "save_npz", "save_weights", "training", "vit",
+           "weights"]
 __version__ = "0.2.0"
 
 

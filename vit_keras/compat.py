@@ -406,3 +406,21 @@ def fused_adam_(*args, **kwargs) -> None:
     import torch
 
     torch._fused_adam_(*args, **kwargs)
+
+
+# Keras' jit_compile in a .keras file's compile state
+
+
+def set_saved_jit_compile(model, value) -> None:
+    """Sets the jit_compile that model.save writes into a .keras file's compile config (Keras
+    records the value compile resolved "auto" to), leaving the one the compiled model runs
+    with; nothing for a model that was not compiled."""
+    config = compile_config(model)
+    if config is not None:
+        config["jit_compile"] = value
+
+
+def auto_jit_compile(model) -> bool:
+    """What model.compile(jit_compile="auto") resolves to for `model` on this backend and
+    device: False for a model that runs eagerly, as compile decides."""
+    return not model.run_eagerly and bool(model._resolve_auto_jit_compile())

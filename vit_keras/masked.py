@@ -28,6 +28,7 @@ from vit_keras.intermediates import (
     takes_any_size,
 )
 from vit_keras.layers import PatchDropout
+from vit_keras.weights.files import portable_jit_compile
 
 __all__ = ["TARGETS", "MaskedPatchCorruption", "Target", "compile_masked_patch_model",
            "draw_corruption", "masked_patch_model", "masked_patch_pipeline"]
@@ -286,4 +287,4 @@ def compile_masked_patch_model(model: keras.Model, recipe: training.Recipe, tota
     model.compile(optimizer=training.make_optimizer(recipe, model, total_steps, learning_rate),
                   loss=loss, weighted_metrics=metrics, jit_compile=jit_compile,
                   steps_per_execution=steps_per_execution)
-    return training.save_public_optimizer(model)
+    return portable_jit_compile(training.save_public_optimizer(model))

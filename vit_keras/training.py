@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from vit_keras import compat, configs, distribute, kernels
+from vit_keras.weights.files import portable_jit_compile
 
 __all__ = ["RECIPES", "FinalPatchDropRate", "HistoryFile", "KeptCheckpoints", "LayerwiseAdamW",
            "LayerwiseRates", "LayerwiseSGD", "Recipe", "WarmupSchedule", "callbacks",
@@ -423,7 +424,8 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
         steps_per_execution: model.compile's.
 
     Returns:
-        The compiled model (save_public_optimizer).
+        The compiled model (save_public_optimizer); model.save writes its jit_compile as
+        "auto" (weights.files.portable_jit_compile), whatever it runs with.
     """
     model.compile(
         optimizer=make_optimizer(recipe, model, total_steps, learning_rate),
@@ -436,7 +438,7 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )
-    return save_public_optimizer(model)
+    return portable_jit_compile(save_public_optimizer(model))
 
 
 def save_public_optimizer(model: keras.Model) -> keras.Model:
@@ -662,6 +664,7 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
     with distribution.scope():
         compile(model, recipe, epochs * steps_per_epoch, learning_rate,
                 jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+    portable_jit_compile(model)  # whatever `compile` is: the checkpoints say "auto"
     distribute.prepare_model(model, distribution)
     run_callbacks = callbacks(run_dir, keep_checkpoints=keep_checkpoints)
     model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 
 from vit_keras.export.serving import serving_model
-from vit_keras.weights.files import read_keras_model
+from vit_keras.weights.files import load_model
 
 
 class SavedModelRuntime:
@@ -76,7 +76,7 @@ class KerasRuntime:
     """A .keras model, wrapped in the same uint8 serving function as the exports."""
 
     def __init__(self, path: str):
-        model = read_keras_model(path)
+        model = load_model(path, compile=False)
         self._model = serving_model(model)
         self.input_shape = tuple(self._model.input.shape[1:])
 
@@ -124,7 +124,7 @@ class Predictor:
         except ImportError:  # the reader's package is missing, not the file bad
             raise
         except Exception as err:  # each reader raises its own types for a file it cannot read
-            if runtime is KerasRuntime:  # read_keras_model's errors name the file already
+            if runtime is KerasRuntime:  # load_model's errors name the file already
                 raise
             raise ValueError(f"{self.path!r} could not be read by {runtime.reader}: "
                              f"{str(err).strip()}") from err

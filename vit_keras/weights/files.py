@@ -7,6 +7,7 @@ import zipfile
 
 import keras
 
+from vit_keras import compat
 from vit_keras.weights import pretrained
 from vit_keras.weights.assign import LoadReport, load_params
 from vit_keras.weights.keras_hub import load_keras_hub
@@ -14,18 +15,54 @@ from vit_keras.weights.npz import load_npz, model_params, save_npz
 from vit_keras.weights.pytorch import TORCH_SUFFIXES, load_pytorch_weights
 
 
-def read_keras_model(path: str) -> keras.Model:
-    """A .keras file in safe mode, without its compile state; a missing file, one that is no
-    zip archive and a damaged archive are each told apart in one line naming the file."""
+def portable_jit_compile(model: keras.Model) -> keras.Model:
+    """The model, its saved compile state saying jit_compile "auto" whatever it compiled with;
+    it still runs as compiled. Keras records the value compile resolved ("auto" is True on
+    JAX), and a .keras file loaded with its compile state compiles so on every backend: on
+    PyTorch, True sends the first predict through torch.compile. "auto" lets the loading
+    backend choose, as a fresh compile would.
+
+    Args:
+        model: a model, compiled or not (then nothing changes).
+
+    Returns:
+        The same model.
+    """
+    compat.set_saved_jit_compile(model, "auto")
+    return model
+
+
+def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
+    """A .keras file as a model, in safe mode. With its compile state (optimizer, loss,
+    metrics), the model compiles as saved except for jit_compile, which is "auto" whatever the
+    file records: an older file records the value its run resolved (True on JAX and with XLA
+    on TensorFlow), which on PyTorch would send the first predict through torch.compile.
+
+    Args:
+        path: the .keras file.
+        compile: keep the file's compile state; False for a model that only predicts.
+
+    Returns:
+        The model, compiled if the file has a compile state and compile is True.
+
+    Raises:
+        FileNotFoundError: a file that does not exist.
+        ValueError: a file that is no zip archive, or a damaged one (naming the file).
+    """
+    path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model file {path!r} does not exist")
     if not zipfile.is_zipfile(path):
         raise ValueError(f"model file {path!r} is not a readable .keras file (not a zip "
                          "archive: truncated or another format)")
     try:
-        return keras.saving.load_model(path, compile=False, safe_mode=True)
+        model = keras.saving.load_model(path, compile=compile, safe_mode=True)
     except Exception as err:  # Keras raises many types for a damaged archive
         raise ValueError(f"model file {path!r} could not be read: {err}") from err
+    if model.compiled:
+        model.jit_compile = compat.auto_jit_compile(model)
+        portable_jit_compile(model)
+    return model
 
 
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
@@ -65,7 +102,7 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
     if path.endswith(".weights.h5"):
         model.load_weights(path)
     elif path.endswith(".keras"):
-        saved = read_keras_model(path)
+        saved = load_model(path, compile=False)
         return load_params(model, model_params(saved), path, "Keras model (.keras)")
     elif path.endswith(".npz"):
         return load_npz(model, path)
@@ -86,7 +123,8 @@ def save_weights(model: keras.Model, path: str, overwrite: bool = False) -> None
     Args:
         model: a vk.vit model.
         path: a .npz file (the official checkpoint layout, LoRA adapters merged), a .keras
-            file (the whole model) or a .weights.h5 file (Keras' weights).
+            file (the whole model; its compile state says jit_compile "auto",
+            portable_jit_compile) or a .weights.h5 file (Keras' weights).
         overwrite: replace a file that exists.
 
     Raises:
@@ -99,7 +137,7 @@ def save_weights(model: keras.Model, path: str, overwrite: bool = False) -> None
     if path.endswith(".npz"):
         save_npz(model, path, overwrite=True)
     elif path.endswith(".keras"):
-        model.save(path)
+        portable_jit_compile(model).save(path)
     elif path.endswith(".weights.h5"):
         model.save_weights(path)
     else:

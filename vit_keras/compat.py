@@ -91,6 +91,21 @@ def _check_graph_nodes() -> bool:
     return [id(node) in own for node in layer._inbound_nodes] == [True]
 
 
+def _check_compile_config() -> bool:
+    import keras
+
+    model = keras.Sequential([keras.layers.Identity()])
+    model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+    config = model._compile_config.config
+    return config["loss"] == "mse" and config["jit_compile"] is False
+
+
+def _check_jit_compile_resolution() -> bool:
+    import keras
+
+    return _has(keras.Model, "_resolve_auto_jit_compile")
+
+
 def _check_symbolic_build() -> bool:
     import keras
 
@@ -153,6 +168,12 @@ FEATURES = {
                             "keras.Model._nodes_by_depth"),
                            "features() and the export's serving graph", _check_graph_nodes,
                            at_import=True),
+    "compile_config": Feature(("keras.Model._compile_config",),
+                              "a .keras file's compile state (jit_compile 'auto', the public "
+                              "optimizer class)", _check_compile_config),
+    "jit_compile_resolution": Feature(("keras.Model._resolve_auto_jit_compile",),
+                                      "compiling a loaded model with jit_compile 'auto'",
+                                      _check_jit_compile_resolution, at_import=True),
     "symbolic_build": Feature(("keras.Model._symbolic_build", "keras.Model._maybe_symbolic_build"),
                               "the multi-worker build", _check_symbolic_build, at_import=True,
                               backend="tensorflow"),
@@ -270,8 +291,10 @@ def own_node_ids(model) -> set[int]:
 
 def compile_config(model) -> dict | None:
     """The arguments model.compile received, as Keras serializes them into a .keras file;
-    None for a model that was not compiled."""
+    None for a model that was not compiled (or, with a warning, where Keras keeps none)."""
     config = getattr(model, "_compile_config", None)
+    if config is None and model.compiled:
+        supports("compile_config")
     return None if config is None else config.config
 
 
@@ -422,5 +445,8 @@ def set_saved_jit_compile(model, value) -> None:
 
 def auto_jit_compile(model) -> bool:
     """What model.compile(jit_compile="auto") resolves to for `model` on this backend and
-    device: False for a model that runs eagerly, as compile decides."""
-    return not model.run_eagerly and bool(model._resolve_auto_jit_compile())
+    device: False for a model that runs eagerly, as compile decides, and where Keras' rule
+    fails its check (eager is slower, never wrong)."""
+    if model.run_eagerly or not supports("jit_compile_resolution"):
+        return False
+    return bool(model._resolve_auto_jit_compile())

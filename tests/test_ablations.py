@@ -23,6 +23,31 @@ def trained_model(run_dir):
     return keras.saving.load_model(str(run_dir / "model.keras"))
 
 
+def shuffle_patches(images, patch: int, order):
+    """The images with their patch x patch tiles rearranged: place i (row-major) takes tile
+    order[i]."""
+    batch, height, width, channels = images.shape
+    rows, columns = height // patch, width // patch
+    tiles = images.reshape(batch, rows, patch, columns, patch, channels).transpose(
+        0, 1, 3, 2, 4, 5).reshape(batch, rows * columns, patch, patch, channels)[:, order]
+    return tiles.reshape(batch, rows, columns, patch, patch, channels).transpose(
+        0, 1, 3, 2, 4, 5).reshape(images.shape)
+
+
+def moved_patches_change(model) -> float:
+    """How far the model's logits move, relative to their largest, when the images' patches
+    change places: a ViT without position embeddings pooled by average cannot tell (its tokens
+    are a set, so only float rounding moves them), one with relative position embeddings reads
+    each pair's offset in its attention logits."""
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (4, *model.input.shape[1:])).astype("float32")
+    patch = model.get_layer("embedding").patch_size
+    grid = (images.shape[1] // patch) * (images.shape[2] // patch)
+    shuffled = shuffle_patches(images, patch, rng.permutation(grid))
+    logits, moved = (model.predict(x, verbose=0) for x in (images, shuffled))
+    return float(np.abs(moved - logits).max() / np.abs(logits).max())
+
+
 @backend_independent
 def test_posemb_trains_each_kind_with_its_seed_and_probes_its_own_model(tmp_path, monkeypatch):
     from apps import train
@@ -40,6 +65,10 @@ def test_posemb_trains_each_kind_with_its_seed_and_probes_its_own_model(tmp_path
         arguments = json.loads((tmp_path / f"{kind}_seed1" / "arguments.json").read_text())
         assert arguments["posemb"] == kind and arguments["seed"] == 1
         assert "patch_drop_rate=0" in arguments["recipe_option"]  # relative refuses dropout
+        if kind == "none":  # float32 rounding alone: about 1e-7
+            assert moved_patches_change(model) < 1e-5
+        else:  # a relative model whose bias were dropped would not tell either
+            assert moved_patches_change(model) > 1e-4
     five_shot = [r["five_shot"] for runs in report["runs"].values() for r in runs]
     assert len(set(five_shot)) == 2  # each probe read its own model
     assert min(five_shot) > 0.15  # above chance (0.1) after an epoch on 256 images

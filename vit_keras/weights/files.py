@@ -7,6 +7,7 @@ import zipfile
 
 import keras
 
+from vit_keras import configs
 from vit_keras.weights import pretrained
 from vit_keras.weights.assign import LoadReport, load_params
 from vit_keras.weights.keras_hub import load_keras_hub
@@ -26,6 +27,14 @@ def read_keras_model(path: str) -> keras.Model:
         return keras.saving.load_model(path, compile=False, safe_mode=True)
     except Exception as err:  # Keras raises many types for a damaged archive
         raise ValueError(f"model file {path!r} could not be read: {err}") from err
+
+
+def _built_grid(model: keras.Model) -> tuple[int, int] | None:
+    """The grid of patches a saved ViT's relative-position tables are built for: its
+    position-embedding layer's (recorded in every .keras file of a vk.vit model)."""
+    layer = next((layer for layer in model.layers
+                  if layer.name == configs.POSITION_EMBEDDING), None)
+    return None if layer is None else tuple(layer.grid_size)
 
 
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
@@ -66,7 +75,8 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
         model.load_weights(path)
     elif path.endswith(".keras"):
         saved = read_keras_model(path)
-        return load_params(model, model_params(saved), path, "Keras model (.keras)")
+        return load_params(model, model_params(saved), path, "Keras model (.keras)",
+                           grid=_built_grid(saved))
     elif path.endswith(".npz"):
         return load_npz(model, path)
     elif path.endswith(TORCH_SUFFIXES):

@@ -10,6 +10,7 @@ shows one), and vit(posemb=...) and the apps accept it from then on.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import keras
@@ -248,7 +249,9 @@ class Relative(PositionEmbedding):
             table = offset_table(table, attention.grid_size, grid)
             row_width = ops.shape(table)[1]
             table = ops.reshape(table, (-1, *table.shape[2:]))
-        index = relative_index(grid, prefix, row_width, ops.shape(table)[0])
+        layout = (*grid, prefix, row_width, ops.shape(table)[0])
+        index = (static_relative_index(*layout) if all(isinstance(n, int) for n in layout)
+                 else relative_index(grid, prefix, row_width, layout[-1]))
         if prefix:
             table = ops.concatenate([table, attention.prefix_relative_embedding], axis=0)
         query = query / ops.cast(math.sqrt(attention.head_dim), query.dtype)
@@ -360,25 +363,34 @@ def offset_table(table, built, grid):
     return ops.reshape(read, (*ops.shape(read)[:2], *table.shape[1:]))
 
 
-def relative_index(grid, prefix: int, row_width, offsets):
+def relative_index(grid, prefix: int, row_width, offsets, xp=ops):
     """For each (query, key) pair of tokens (prefix tokens, then the patches of a grid), the
     index of its logit in the query's row of logits over a table's offsets, flattened: patches
     read displacement (dr, dc) at dr row_width + dc + (offsets - 1) / 2 (the built 1-D table:
     row_width the grid's width, offsets 2N - 1; a table of displacements: row_width
-    2W' - 1), pairs with a prefix token PREFIX_OFFSETS after the `offsets` patch offsets."""
+    2W' - 1), pairs with a prefix token PREFIX_OFFSETS after the `offsets` patch offsets.
+    xp: keras.ops (tensors of a grid known only as the model runs) or numpy."""
     rows, cols = grid
     patches = rows * cols
     tokens = patches + prefix
     row = offsets + (len(PREFIX_OFFSETS) if prefix else 0)
-    place = ops.arange(patches)
-    place = ops.pad(place // cols * row_width + place % cols, [[prefix, 0]])
+    place = xp.arange(patches)
+    place = xp.pad(place // cols * row_width + place % cols, [[prefix, 0]])
     index = place[:, None] - place[None, :] + (offsets - 1) // 2
     if prefix:
-        token = ops.arange(tokens) < prefix
+        token = xp.arange(tokens) < prefix
         query_token, key_token = token[:, None], token[None, :]
-        index = ops.where(query_token, ops.where(key_token, offsets, offsets + 1),
-                          ops.where(key_token, offsets + 2, index))
-    return ops.reshape(index + ops.arange(tokens)[:, None] * row, (-1,))
+        index = xp.where(query_token, xp.where(key_token, offsets, offsets + 1),
+                         xp.where(key_token, offsets + 2, index))
+    return xp.reshape(index + xp.arange(tokens)[:, None] * row, (-1,))
+
+
+@functools.lru_cache(maxsize=64)
+def static_relative_index(rows: int, cols: int, prefix: int, row_width: int, offsets: int):
+    """relative_index of a grid known when the model is built or traced, made once in NumPy:
+    eager backends would otherwise spend a dozen operations on it in every call."""
+    index = relative_index((rows, cols), prefix, row_width, offsets, np).astype("int32")
+    return kernels.constant(index)
 
 
 def image_grid(images, stride: int):

@@ -161,12 +161,15 @@ def _fit_posemb(model, value, ckpt_prefix, resample):
     return adapt_posemb(value, ckpt_prefix, layer.grid_size, layer.num_prefix_tokens, resample)
 
 
-def _fit_offsets(model, value, grid):
+def _fit_offsets(model, key, value, grid):
     """A checkpoint's relative-position table fitted to the model's grid (resample_offsets):
     the checkpoint's grid is `grid` where the file records it, else inferred from the
     table's size (source_grid). Returns the table and a note (None if unchanged)."""
     model_grid = model.get_layer(configs.POSITION_EMBEDDING).grid_size
     built = tuple(grid) if grid else source_grid((len(value) + 1) // 2, model_grid)
+    if len(value) != 2 * built[0] * built[1] - 1:
+        raise ValueError(f"{key!r} has {len(value)} offsets, the {built[0]}x{built[1]} grid "
+                         f"the file records has {2 * built[0] * built[1] - 1}")
     if built == tuple(model_grid):
         return value, None
     return resample_offsets(value, built, model_grid), (
@@ -204,7 +207,7 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
             report.resampled[key] = f"{value.shape[0]} -> {expected[0]} positions ({resample})"
             value = resample_grid(value[:, None], (expected[0], 1), resample)[:, 0]
         if RELATIVE_KEY.search(key):
-            value, note = _fit_offsets(model, value, grid)
+            value, note = _fit_offsets(model, key, value, grid)
             if note:
                 report.resampled[key] = note
         if tuple(value.shape) != expected:

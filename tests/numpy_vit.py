@@ -114,30 +114,40 @@ def resnet(params, x, stage_units, width):
     return x
 
 
-def relative_offsets(table, patches):
-    """A relative-position table of 2N - 1 offsets read at the 2 * patches - 1 offsets of
-    another sequence: offset o at o (N - 1) / (patches - 1), linearly between the two rows
-    around it."""
-    n = (len(table) + 1) // 2
-    rows = []
-    for offset in range(-(patches - 1), patches):
-        source = offset * (n - 1) / max(patches - 1, 1) + (n - 1)
-        low = int(math.floor(source))
-        high = min(low + 1, len(table) - 1)
-        rows.append(table[low] * (1 - (source - low)) + table[high] * (source - low))
-    return np.array(rows)
+def relative_embedding(table, built, grid, dr, dc):
+    """The embedding of displacement (dr, dc) between two patches of a grid (rows, cols),
+    read from the 1-D table of offsets of a built (H, W) grid, where offset o = r W + c is
+    row o + H W - 1: each axis's displacement scaled with the ends aligned (dr (H - 1) /
+    (rows - 1); 0 on an axis of one patch), read bilinearly at its integer neighbours."""
+    (rows, cols), (height, width) = grid, built
+    scaled = [d * (b - 1) / (g - 1) if g > 1 else 0.0
+              for d, b, g in ((dr, height, rows), (dc, width, cols))]
+    neighbours = []
+    for x in scaled:
+        low = math.floor(x)
+        neighbours.append([(low, 1 - (x - low)), (low + 1, x - low)])
+    embedding = np.zeros(table.shape[1:])
+    for r, row_weight in neighbours[0]:
+        for c, col_weight in neighbours[1]:
+            if row_weight * col_weight:
+                embedding += row_weight * col_weight * table[r * width + c + height * width - 1]
+    return embedding
 
 
-def relative_bias(q, table, prefix_table, num_prefix):
+def relative_bias(q, table, prefix_table, num_prefix, grids=None):
     """The paper's relative attention logits (Appendix D.4), pair by pair: q (B, heads, T, dh)
-    dotted with the embedding of the pair's offset, over sqrt(dh). Patches i, j use table row
-    (i - j) + N - 1 (fitted to N by relative_offsets); pairs with one of the num_prefix tokens
-    before them use prefix_table[0] token->token, [1] token->patch, [2] patch->token."""
+    dotted with the embedding of the pair's offset, over sqrt(dh). grids: (built, grid), the
+    (rows, cols) the table is built for and those of the patches (both the square grid of the
+    table by default); patches i, j read displacement (row_i - row_j, col_i - col_j)
+    (relative_embedding); pairs with one of the num_prefix tokens before them use
+    prefix_table[0] token->token, [1] token->patch, [2] patch->token."""
     b, heads, t, dh = q.shape
-    n = t - num_prefix
-    if len(table) != 2 * n - 1:
-        table = relative_offsets(table, n)
-    bias = np.zeros((b, heads, t, t))
+    if grids is None:
+        side = math.isqrt((len(table) + 1) // 2)
+        grids = ((side, side), (side, side))
+    built, grid = grids
+    assert grid[0] * grid[1] == t - num_prefix and len(table) == 2 * built[0] * built[1] - 1
+    embeddings = np.zeros((t, t, heads, dh))
     for i in range(t):
         for j in range(t):
             if i < num_prefix:
@@ -145,13 +155,15 @@ def relative_bias(q, table, prefix_table, num_prefix):
             elif j < num_prefix:
                 r = prefix_table[2]
             else:
-                r = table[i - j + n - 1]
-            bias[:, :, i, j] = np.einsum("bhd,hd->bh", q[:, :, i], r) / math.sqrt(dh)
-    return bias
+                (ri, ci), (rj, cj) = (divmod(k - num_prefix, grid[1]) for k in (i, j))
+                r = relative_embedding(table, built, grid, ri - rj, ci - cj)
+            embeddings[i, j] = r
+    return np.einsum("bhid,ijhd->bhij", q, embeddings) / math.sqrt(dh)
 
 
-def encoder_block(x, p, heads, approximate, relative_prefix=None):
-    """relative_prefix: the tokens before the patches, for a posemb="relative" block."""
+def encoder_block(x, p, heads, approximate, relative_prefix=None, relative_grids=None):
+    """relative_prefix: the tokens before the patches, for a posemb="relative" block;
+    relative_grids: its (built, grid) (relative_bias)."""
     b, t, d = x.shape
     dh = d // heads
     y = layer_norm(x, p["LayerNorm_0/scale"], p["LayerNorm_0/bias"])
@@ -165,7 +177,7 @@ def encoder_block(x, p, heads, approximate, relative_prefix=None):
     if relative_prefix is not None:
         logits = logits + relative_bias(q, p[att + "relative_embedding"],
                                         p.get(att + "prefix_relative_embedding"),
-                                        relative_prefix)
+                                        relative_prefix, relative_grids)
     probs = softmax(logits)
     out = (probs @ v).transpose(0, 2, 1, 3).reshape(b, t, d)
     x = x + out @ p[att + "out/kernel"].reshape(d, d) + p[att + "out/bias"]
@@ -176,13 +188,16 @@ def encoder_block(x, p, heads, approximate, relative_prefix=None):
 
 def forward(params, images, *, patch, heads, layers, classifier="token", posemb=None,
             approximate=True, representation=False, return_attention=False, resnet_stages=None,
-            resnet_width=64, return_blocks=False, relative_prefix=None):
+            resnet_width=64, return_blocks=False, relative_prefix=None, relative_built=None):
     """Logits of the paper's model; posemb is the (tokens, D) table to add, or None.
     resnet_stages (units per stage, () for the root alone) makes it a hybrid.
     return_blocks: also return every block's output tokens and the pooled representation.
-    relative_prefix: a posemb="relative" model's tokens before the patches (encoder_block)."""
+    relative_prefix: a posemb="relative" model's tokens before the patches (encoder_block);
+    relative_built: the (rows, cols) its tables are built for, when not the images' grid."""
     if resnet_stages is not None:
         images = resnet(params, images, resnet_stages, resnet_width)
+    grid = (images.shape[1] // patch, images.shape[2] // patch)
+    relative_grids = (relative_built or grid, grid)
     kernel = params["embedding/kernel"]
     x = patches(images, patch) @ kernel.reshape(-1, kernel.shape[-1]) + params["embedding/bias"]
     if classifier == "token":
@@ -194,7 +209,7 @@ def forward(params, images, *, patch, heads, layers, classifier="token", posemb=
     for i in range(layers):
         prefix = f"Transformer/encoderblock_{i}/"
         block = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-        x, probs = encoder_block(x, block, heads, approximate, relative_prefix)
+        x, probs = encoder_block(x, block, heads, approximate, relative_prefix, relative_grids)
         attention.append(probs)
         blocks.append(x)
     x = layer_norm(x, params["Transformer/encoder_norm/scale"],

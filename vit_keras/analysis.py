@@ -55,10 +55,13 @@ def attention_maps(model: keras.Model, images) -> list[np.ndarray]:
     """
     vit, images = _vit_and_images(model, images)
     blocks = blocks_of(vit)
-    x = keras.Model(vit.input, blocks[0].input)(images, training=False)
+    tokens = keras.tree.flatten(blocks[0].input)[0]  # a block may take the images too
+    x = keras.Model(vit.input, tokens)(images, training=False)
     maps = []
     for block in blocks:
-        x, probs = block(x, training=False, return_attention_scores=True)
+        # A block with a position bias reads the images' grid (a model of any size).
+        x, probs = block(x, training=False, return_attention_scores=True,
+                         images=images if block.stride else None)
         maps.append(keras.ops.convert_to_numpy(probs))
     return maps
 

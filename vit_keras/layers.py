@@ -18,6 +18,8 @@ from vit_keras.position_embeddings import (
     POSITION_EMBEDDINGS,
     AddPositionEmbedding,
     check_position_embedding,
+    image_grid,
+    offset_grid,
 )
 
 __all__ = ["AddPositionEmbedding", "ClassToken", "LayerScale", "MlpBlock",
@@ -322,8 +324,8 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
     2023; timm's qk_norm), with norm_epsilon. proj_bias=False: out without bias.
     position_bias: a kind of position embedding that biases the logits (biases_attention in
     vit_keras.position_embeddings, "relative"), whose weights this layer then holds, for
-    sequences of num_prefix_tokens tokens followed by num_patches patches (another count of
-    patches fitted by the kind's rule).
+    sequences of num_prefix_tokens tokens followed by num_patches patches on a grid_size grid
+    (another grid, given to call(..., grid=...), read by the kind's rule).
 
     Args:
         num_heads: the attention heads; they divide the token width.
@@ -340,14 +342,16 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
             whose weights this layer then holds; None for none.
         num_patches: the patches position_bias's weights are built for.
         num_prefix_tokens: the tokens before the patches, which position_bias treats apart.
+        grid_size: the (rows, columns) of the num_patches patches; None infers a square grid
+            (layers saved before it was recorded: one of another count keeps its grid).
         sublayers: the sub-layers' configs saved by get_config, so that a quantized or LoRA
             layer loads back as it was; None builds them afresh.
         **kwargs: a Keras layer's arguments (name, dtype, trainable).
 
     Raises:
         ValueError: an unknown attention kernel, a position_bias that is not a kind that
-            biases attention or comes without num_patches, or num_heads not dividing the
-            token width.
+            biases attention or comes without num_patches, a grid_size of another count, or
+            num_heads not dividing the token width.
     """
 
     SUBLAYERS = (("query", "query"), ("key", "key"), ("value", "value"), ("out", "out"))
@@ -356,10 +360,12 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                  attention_kernel: str = "auto", qkv_bias: bool = True, qk_norm: bool = False,
                  norm_epsilon: float = LAYER_NORM_EPSILON, proj_bias: bool = True,
                  position_bias: str | None = None, num_patches: int | None = None,
-                 num_prefix_tokens: int = 0, sublayers: dict | None = None, **kwargs):
+                 num_prefix_tokens: int = 0, grid_size=None, sublayers: dict | None = None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.position_bias = check_position_bias(position_bias, num_patches)
         self.num_patches = num_patches
+        self.grid_size = offset_grid(num_patches, grid_size) if self.position_bias else None
         self.num_prefix_tokens = num_prefix_tokens
         self.num_heads = num_heads
         self.dropout_rate = dropout_rate
@@ -401,18 +407,19 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         if self.position_bias:
             POSITION_EMBEDDINGS[self.position_bias].build_attention(self)
 
-    def logit_bias(self, query):
+    def logit_bias(self, query, grid=None):
         """What position_bias adds to the attention logits.
 
         Args:
             query: the queries (batch, tokens, heads, D_h).
+            grid: the (rows, columns) of the patches; None for grid_size.
 
         Returns:
             The bias (batch, heads, tokens, tokens), or None without position_bias.
         """
         if not self.position_bias:
             return None
-        return POSITION_EMBEDDINGS[self.position_bias].attention_bias(self, query)
+        return POSITION_EMBEDDINGS[self.position_bias].attention_bias(self, query, grid)
 
     def takes_direct_path(self, training=None, return_attention_scores=False) -> bool:
         """Whether call() computes the projections from their variables (vit_keras.kernels
@@ -434,11 +441,12 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 and not (training and self.dropout_rate)
                 and all(map(plain_dense, (self.query, self.key, self.value, self.out))))
 
-    def direct(self, x):
+    def direct(self, x, grid=None):
         """call(x) on the direct path (takes_direct_path).
 
         Args:
             x: the tokens (batch, tokens, D).
+            grid: the (rows, columns) of the patches; None for grid_size.
 
         Returns:
             The layer's output for x.
@@ -448,14 +456,14 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         bias = None
         if self.position_bias:
             heads = (*ops.shape(query)[:2], self.num_heads, self.head_dim)
-            bias = self.logit_bias(ops.reshape(query, heads))
+            bias = self.logit_bias(ops.reshape(query, heads), grid)
         attended = kernels.multi_head_attention(query, key, value, self.num_heads,
                                                 self.attention_kernel, bias=bias)
         return kernels.dense(attended, self.out)
 
-    def call(self, x, training=None, return_attention_scores=False):
+    def call(self, x, training=None, return_attention_scores=False, grid=None):
         if self.takes_direct_path(training, return_attention_scores):
-            return self.direct(x)
+            return self.direct(x, grid)
         batch, tokens, width = ops.shape(x)
         heads = (batch, tokens, self.num_heads, self.head_dim)
         flat = ops.reshape(x, (-1, width))
@@ -467,7 +475,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         attended, probs = kernels.attention(
             query, key, value, self.attention_kernel,
             dropout=self.dropout if active else None, training=training,
-            return_probabilities=return_attention_scores, bias=self.logit_bias(query))
+            return_probabilities=return_attention_scores, bias=self.logit_bias(query, grid))
         attended = ops.reshape(attended, (-1, self.num_heads, self.head_dim))
         out = ops.reshape(self.out(attended), (batch, tokens, width))
         return (out, probs) if return_attention_scores else out
@@ -482,7 +490,7 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 "qk_norm": self.qk_norm, "norm_epsilon": self.norm_epsilon,
                 "proj_bias": self.proj_bias, "position_bias": self.position_bias,
                 "num_patches": self.num_patches, "num_prefix_tokens": self.num_prefix_tokens,
-                "sublayers": self.sublayer_configs()}
+                "grid_size": self.grid_size, "sublayers": self.sublayer_configs()}
 
 
 def check_position_bias(kind: str | None, num_patches: int | None) -> str | None:
@@ -633,7 +641,8 @@ class TransformerBlock(keras.layers.Layer):
     on both residual branches. call(..., return_attention_scores=True) also returns the
     attention probabilities (batch, heads, tokens, tokens), from the same weights.
     normed: LN(z) when the caller has it already (export folds the class token's row, which
-    does not depend on the image, into a constant).
+    does not depend on the image, into a constant). images: the images of a model that takes
+    any size, whose grid of stride-pixel cells a position_bias reads (None: grid_size).
     remat: in training, keep only the block's input and recompute the rest in the backward
     pass (keras.remat), trading compute for activation memory. Stochastic depth draws its
     masks outside the recomputed part; dropout inside it would draw new ones, so remat
@@ -662,6 +671,8 @@ class TransformerBlock(keras.layers.Layer):
         position_bias: see MultiHeadDotProductAttention (relative position embeddings).
         num_patches: see MultiHeadDotProductAttention.
         num_prefix_tokens: see MultiHeadDotProductAttention.
+        grid_size: see MultiHeadDotProductAttention.
+        stride: pixels per grid cell, for call(..., images=...).
         sublayers: the attention's and MLP's saved sub-layer configs, from get_config;
             None builds them afresh.
         **kwargs: a Keras layer's arguments (name, dtype, trainable).
@@ -677,7 +688,8 @@ class TransformerBlock(keras.layers.Layer):
                  qkv_bias: bool = True, qk_norm: bool = False, mlp_activation: str = "gelu",
                  norm_epsilon: float = LAYER_NORM_EPSILON, proj_bias: bool = True,
                  position_bias: str | None = None, num_patches: int | None = None,
-                 num_prefix_tokens: int = 0, sublayers: dict | None = None, **kwargs):
+                 num_prefix_tokens: int = 0, grid_size=None, stride: int | None = None,
+                 sublayers: dict | None = None, **kwargs):
         super().__init__(**kwargs)
         if remat and (dropout_rate or attention_dropout_rate):
             raise ValueError(
@@ -702,11 +714,12 @@ class TransformerBlock(keras.layers.Layer):
         self.position_bias = position_bias
         self.num_patches = num_patches
         self.num_prefix_tokens = num_prefix_tokens
+        self.stride = stride
         self.norm_0 = layer_norm("LayerNorm_0", norm_epsilon)
         sublayers = sublayers or {}
         self.attention = MultiHeadDotProductAttention(
             num_heads, attention_dropout_rate, attention_kernel, qkv_bias, qk_norm,
-            norm_epsilon, proj_bias, position_bias, num_patches, num_prefix_tokens,
+            norm_epsilon, proj_bias, position_bias, num_patches, num_prefix_tokens, grid_size,
             sublayers=sublayers.get("MultiHeadDotProductAttention_1"),
             name="MultiHeadDotProductAttention_1")
         self.branch_scales = [LayerScale(layer_scale, name=f"LayerScale_{i}")
@@ -729,15 +742,21 @@ class TransformerBlock(keras.layers.Layer):
         noise = keras.random.uniform((ops.shape(x)[0], 1, 1), seed=self.seed_generator)
         return ops.cast(noise < keep, x.dtype) / keep
 
-    def call(self, x, training=None, return_attention_scores=False, normed=None):
+    def call(self, x, training=None, return_attention_scores=False, normed=None, images=None):
+        if images is not None and self.stride is None:
+            raise ValueError(f"{self.name} needs its stride (pixels per grid cell) to read the "
+                             f"grid of images")
+        grid = None if images is None else image_grid(images, self.stride)
         scales = [self._drop_path_scale(x, training) for _ in range(2)]
         if self.remat and training and not return_attention_scores and normed is None:
             ones = ops.ones_like(x[:, :1, :1])
             scales = [ones if scale is None else scale for scale in scales]
-            return keras.remat(lambda x, *s: self._forward(x, s, training))(x, *scales)
-        return self._forward(x, scales, training, return_attention_scores, normed)
+            return keras.remat(lambda x, *s: self._forward(x, s, training, grid=grid))(
+                x, *scales)
+        return self._forward(x, scales, training, return_attention_scores, normed, grid)
 
-    def _forward(self, x, scales, training, return_attention_scores=False, normed=None):
+    def _forward(self, x, scales, training, return_attention_scores=False, normed=None,
+                 grid=None):
         """The block's equations. Its sublayers run on their direct paths where they can
         (MultiHeadDotProductAttention.takes_direct_path, kernels.layer_norm), the LayerScales'
         call without Keras' layer call around it."""
@@ -748,10 +767,10 @@ class TransformerBlock(keras.layers.Layer):
 
         normed = kernels.layer_norm(x, self.norm_0) if normed is None else normed
         if self.attention.takes_direct_path(training, return_attention_scores):
-            y = self.attention.direct(normed)
+            y = self.attention.direct(normed, grid)
         else:
             y = self.attention(normed, training=training,
-                               return_attention_scores=return_attention_scores)
+                               return_attention_scores=return_attention_scores, grid=grid)
         if return_attention_scores:
             y, scores = y
         x = x + residual(dropout_if_active(self.dropout, y, training), 0)
@@ -776,6 +795,7 @@ class TransformerBlock(keras.layers.Layer):
                 "norm_epsilon": self.norm_epsilon, "proj_bias": self.proj_bias,
                 "position_bias": self.position_bias, "num_patches": self.num_patches,
                 "num_prefix_tokens": self.num_prefix_tokens,
+                "grid_size": self.attention.grid_size, "stride": self.stride,
                 "sublayers": {"MultiHeadDotProductAttention_1": self.attention.sublayer_configs(),
                               "MlpBlock_3": self.mlp.sublayer_configs()}}
 

@@ -205,7 +205,8 @@ def vit(
                      "norm_epsilon": layer_norm_epsilon, "proj_bias": proj_bias,
                      **_position_bias(posemb, (height, width), config, tokens)}
     x = _blocks(x, config, dropout_rate, attention_dropout_rate, stochastic_depth_rate,
-                block_options)
+                block_options,
+                images if dynamic_image_size and "position_bias" in block_options else None)
     if not fc_norm:
         x = layer_norm(configs.ENCODER_NORM, layer_norm_epsilon)(x)
     x = _read_out(x, tokens, classifier, fc_norm, representation_size,
@@ -270,25 +271,27 @@ def _embed(images, image_size, dynamic: bool, config: ViTConfig, posemb, tokens:
 
 def _position_bias(posemb: str, image_size, config: ViTConfig, tokens: TokenLayout) -> dict:
     """The blocks' options for a position embedding that biases the attention logits: the
-    patches of the grid it is built for, after every prefix token (registers included)."""
+    grid of patches it is built for, after every prefix token (registers included), and the
+    pixels per grid cell, with which a model of any size reads each image's grid."""
     if not POSITION_EMBEDDINGS[posemb].biases_attention:
         return {}
     rows, cols = (side // config.cell_size for side in image_size)
-    return {"position_bias": posemb, "num_patches": rows * cols,
-            "num_prefix_tokens": tokens.num_prefix}
+    return {"position_bias": posemb, "num_patches": rows * cols, "grid_size": (rows, cols),
+            "num_prefix_tokens": tokens.num_prefix, "stride": config.cell_size}
 
 
 def _blocks(x, config: ViTConfig, dropout_rate, attention_dropout_rate, stochastic_depth_rate,
-            block_options: dict):
-    """The encoder blocks; block_options are the TransformerBlock arguments all share."""
+            block_options: dict, images=None):
+    """The encoder blocks; block_options are the TransformerBlock arguments all share; images
+    (a model of any size with a position bias) give each block the grid of patches."""
     depth = config.num_layers
     for i in range(depth):
-        x = TransformerBlock(
+        block = TransformerBlock(
             config.num_heads, config.mlp_dim, dropout_rate=dropout_rate,
             attention_dropout_rate=attention_dropout_rate,
             drop_path_rate=stochastic_depth_rate * i / max(depth - 1, 1),
-            name=configs.block_name(i), **block_options,
-        )(x)
+            name=configs.block_name(i), **block_options)
+        x = block(x) if images is None else block(x, images=images)
     return x
 
 

@@ -10,6 +10,7 @@ shows one), and vit(posemb=...) and the apps accept it from then on.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import keras
@@ -218,9 +219,10 @@ class Relative(PositionEmbedding):
     embeddings per layer, PREFIX_OFFSETS (as BEiT's relative position bias treats its class
     token), so every prefix token sees all patches alike and the patches see it alike.
 
-    On another grid of N' patches, the offsets are read from the table by linear
-    interpolation with the ends aligned: offset o reads o (N - 1) / (N' - 1) (offset 0 stays
-    offset 0, the largest offset the largest), which is `zoom` resampling of the 2N - 1 rows.
+    On another grid than the built H x W one (offset r W + c is r rows and c columns), each
+    pair's displacement is read per axis (offset_table), so that a row stays a row and a
+    column a column whatever the grid's shape; the attention layer then needs the call's grid
+    (attention_bias's `grid`) and the built one (its grid_size).
     """
 
     biases_attention = True
@@ -235,47 +237,160 @@ class Relative(PositionEmbedding):
                 name="prefix_relative_embedding", shape=(len(PREFIX_OFFSETS), *heads),
                 initializer=_normal_init())
 
-    def attention_bias(self, attention, query):
+    def attention_bias(self, attention, query, grid=None):
+        """grid: the (rows, columns) of the call's patches, ints or tensors; None for the
+        built grid."""
         tokens, prefix = ops.shape(query)[1], attention.num_prefix_tokens
-        table = offset_table(attention.relative_embedding, tokens - prefix)
+        table = attention.relative_embedding
+        if is_built_offset_grid(attention, tokens - prefix, grid):
+            grid = attention.grid_size or (1, attention.num_patches)  # any shape reads q - k
+            row_width = grid[1]
+        else:
+            table = offset_table(table, attention.grid_size, grid)
+            row_width = ops.shape(table)[1]
+            table = ops.reshape(table, (-1, *table.shape[2:]))
+        layout = (*grid, prefix, row_width, ops.shape(table)[0])
+        index = (static_relative_index(*layout) if all(isinstance(n, int) for n in layout)
+                 else relative_index(grid, prefix, row_width, layout[-1]))
         if prefix:
             table = ops.concatenate([table, attention.prefix_relative_embedding], axis=0)
         query = query / ops.cast(math.sqrt(attention.head_dim), query.dtype)
         logits = ops.einsum("bqhd,ohd->bhqo", query, ops.cast(table, query.dtype))
         batch, heads = ops.shape(logits)[:2]
-        bias = ops.take(ops.reshape(logits, (batch, heads, -1)), relative_index(tokens, prefix),
-                        axis=2)
+        bias = ops.take(ops.reshape(logits, (batch, heads, -1)), index, axis=2)
         return ops.reshape(bias, (batch, heads, tokens, tokens))
 
 
-def offset_table(table, patches):
-    """A (2N - 1, ...) table of offsets between N patches, fitted to `patches` patches by
-    Relative's rule (an int, or a tensor in a graph of unknown image size)."""
-    built = (table.shape[0] + 1) // 2
-    if isinstance(patches, int) and patches == built:
-        return table
-    offsets = ops.cast(ops.arange(2 * patches - 1) - (patches - 1), "float32")
-    scale = (built - 1) / ops.maximum(ops.cast(patches, "float32") - 1, 1.0)
-    weights = interpolation_matrix(offsets * scale + (built - 1), table.shape[0])
-    fitted = ops.matmul(weights, ops.reshape(table, (table.shape[0], -1)))
-    return ops.reshape(fitted, (-1, *table.shape[1:]))
+def offset_grid(num_patches: int, grid_size=None) -> tuple[int, int] | None:
+    """The grid a relative table of num_patches patches is built for: grid_size, else (a
+    layer saved before grid_size was recorded) the square grid of that count, else None.
+
+    Args:
+        num_patches: the patches the table is built for.
+        grid_size: their (rows, columns), or None where not recorded.
+
+    Returns:
+        (rows, columns), or None for an unrecorded grid that is not square.
+
+    Raises:
+        ValueError: a grid_size of another count of patches.
+    """
+    if grid_size is not None:
+        grid = as_pair(grid_size, "grid_size")
+        if grid[0] * grid[1] != num_patches:
+            raise ValueError(f"grid_size {grid[0]}x{grid[1]} has {grid[0] * grid[1]} patches, "
+                             f"not num_patches {num_patches}")
+        return grid
+    side = math.isqrt(num_patches)
+    return (side, side) if side * side == num_patches else None
 
 
-def relative_index(tokens, prefix: int):
-    """For each (query, key) pair of `tokens` tokens (prefix tokens, then the patches), the
-    index of its logit in the query's row of (tokens, offsets) logits, flattened: the offset
-    p_q - p_k + N - 1 between patches, then PREFIX_OFFSETS after the 2N - 1 patch offsets."""
-    patches = tokens - prefix
-    offsets = 2 * patches - 1
+def is_built_offset_grid(attention, patches, grid) -> bool:
+    """Whether the call's patches are on the grid the attention's table is built for (read
+    as it is), or on another one (read per axis). A call without its grid must have the
+    built count; a change of grid needs the built grid's shape.
+
+    Args:
+        attention: the attention layer (its name, num_patches and grid_size).
+        patches: the call's patches, an int or a tensor.
+        grid: the call's (rows, columns), or None where not given.
+
+    Returns:
+        True for the built grid.
+
+    Raises:
+        ValueError: another count of patches without their grid, or a change of grid where
+            the built grid's shape is unknown.
+    """
+    built = attention.grid_size
+    if grid is not None and all(isinstance(side, int) for side in (*grid, patches)) and (
+            grid[0] * grid[1] != patches):
+        raise ValueError(f"{attention.name}: a {grid[0]}x{grid[1]} grid has {grid[0] * grid[1]} "
+                         f"patches, the call has {patches}")
+    if grid is None:
+        if isinstance(patches, int) and patches != attention.num_patches:
+            raise ValueError(
+                f"{attention.name}: relative offsets built for {attention.num_patches} patches "
+                f"cannot be read for {patches} patches without their grid (rows, columns): "
+                f"call the block with images=, as vk.vit(dynamic_image_size=True) does (a model "
+                f"of any size saved before it did cannot: build it again and load the file "
+                f"with vk.load_weights)")
+        return True
+    if all(isinstance(side, int) for side in grid) and tuple(grid) == built:
+        return True
+    if built is None:
+        raise ValueError(
+            f"{attention.name}: relative offsets built for {attention.num_patches} patches on "
+            f"an unrecorded grid (no grid_size: a file saved before it was recorded, not "
+            f"square) cannot be read on a {grid[0]}x{grid[1]} grid: build the model at its "
+            f"image size and load the file's weights with vk.load_weights")
+    return False
+
+
+def axis_weights(built: int, new):
+    """(2 new - 1, 2 built - 1) weights reading each displacement d of an axis of `new`
+    patches at d (built - 1) / (new - 1) on the axis of `built` patches, linearly between its
+    two integer neighbours (the ends aligned); an axis of one patch reads displacement 0."""
+    displacements = ops.arange(2 * new - 1) - (new - 1)
+    scaled = (ops.cast(displacements * (built - 1), "float32")
+              / ops.maximum(ops.cast(new, "float32") - 1.0, 1.0))
+    return interpolation_matrix(scaled + (built - 1), 2 * built - 1)
+
+
+def offset_table(table, built, grid):
+    """A built (2HW - 1, ...) table of offsets on an H x W grid (offset o at row o + HW - 1),
+    read per axis for a grid of H' x W' patches: displacement (dr, dc) is scaled to
+    (dr (H - 1) / (H' - 1), dc (W - 1) / (W' - 1)) and read bilinearly at its four integer
+    neighbours (r, c), as offset r W + c. The one rule of the model, the loaders
+    (vit_keras.weights.resample.resample_offsets) and so of .keras files moved to another
+    size.
+
+    Args:
+        table: the (2HW - 1, ...) offsets.
+        built: (H, W).
+        grid: (H', W'): ints, or tensors in a graph of unknown image size.
+
+    Returns:
+        (2H' - 1, 2W' - 1, ...): the embedding of displacement (dr, dc) at
+        [dr + H' - 1, dc + W' - 1].
+    """
+    rows, cols = built
+    displacement = np.arange(1 - rows, rows)[:, None] * cols + np.arange(1 - cols, cols)
+    by_axis = ops.take(table, displacement + rows * cols - 1, axis=0)
+    read = ops.einsum("ia,abk,jb->ijk", axis_weights(rows, grid[0]),
+                      ops.reshape(by_axis, (2 * rows - 1, 2 * cols - 1, -1)),
+                      axis_weights(cols, grid[1]))
+    return ops.reshape(read, (*ops.shape(read)[:2], *table.shape[1:]))
+
+
+def relative_index(grid, prefix: int, row_width, offsets, xp=ops):
+    """For each (query, key) pair of tokens (prefix tokens, then the patches of a grid), the
+    index of its logit in the query's row of logits over a table's offsets, flattened: patches
+    read displacement (dr, dc) at dr row_width + dc + (offsets - 1) / 2 (the built 1-D table:
+    row_width the grid's width, offsets 2N - 1; a table of displacements: row_width
+    2W' - 1), pairs with a prefix token PREFIX_OFFSETS after the `offsets` patch offsets.
+    xp: keras.ops (tensors of a grid known only as the model runs) or numpy."""
+    rows, cols = grid
+    patches = rows * cols
+    tokens = patches + prefix
     row = offsets + (len(PREFIX_OFFSETS) if prefix else 0)
-    position = ops.arange(tokens) - prefix
-    query, key = position[:, None], position[None, :]
-    index = query - key + patches - 1
+    place = xp.arange(patches)
+    place = xp.pad(place // cols * row_width + place % cols, [[prefix, 0]])
+    index = place[:, None] - place[None, :] + (offsets - 1) // 2
     if prefix:
-        query_token, key_token = query < 0, key < 0
-        index = ops.where(query_token, ops.where(key_token, offsets, offsets + 1),
-                          ops.where(key_token, offsets + 2, index))
-    return ops.reshape(index + ops.arange(tokens)[:, None] * row, (-1,))
+        token = xp.arange(tokens) < prefix
+        query_token, key_token = token[:, None], token[None, :]
+        index = xp.where(query_token, xp.where(key_token, offsets, offsets + 1),
+                         xp.where(key_token, offsets + 2, index))
+    return xp.reshape(index + xp.arange(tokens)[:, None] * row, (-1,))
+
+
+@functools.lru_cache(maxsize=64)
+def static_relative_index(rows: int, cols: int, prefix: int, row_width: int, offsets: int):
+    """relative_index of a grid known when the model is built or traced, made once in NumPy:
+    eager backends would otherwise spend a dozen operations on it in every call."""
+    index = relative_index((rows, cols), prefix, row_width, offsets, np).astype("int32")
+    return kernels.constant(index)
 
 
 def image_grid(images, stride: int):

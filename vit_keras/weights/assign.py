@@ -15,7 +15,12 @@ import keras
 import numpy as np
 
 from vit_keras import compat, configs
-from vit_keras.weights.resample import adapt_posemb, resample_grid, resample_offsets
+from vit_keras.weights.resample import (
+    adapt_posemb,
+    resample_grid,
+    resample_offsets,
+    source_grid,
+)
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # learned2d's tables: one axis each, (rows or columns, D/2).
@@ -156,10 +161,27 @@ def _fit_posemb(model, value, ckpt_prefix, resample):
     return adapt_posemb(value, ckpt_prefix, layer.grid_size, layer.num_prefix_tokens, resample)
 
 
+def _fit_offsets(model, key, value, grid):
+    """A checkpoint's relative-position table fitted to the model's grid (resample_offsets):
+    the checkpoint's grid is `grid` where the file records it, else inferred from the
+    table's size (source_grid). Returns the table and a note (None if unchanged)."""
+    model_grid = model.get_layer(configs.POSITION_EMBEDDING).grid_size
+    built = tuple(grid) if grid else source_grid((len(value) + 1) // 2, model_grid)
+    if len(value) != 2 * built[0] * built[1] - 1:
+        raise ValueError(f"{key!r} has {len(value)} offsets, the {built[0]}x{built[1]} grid "
+                         f"the file records has {2 * built[0] * built[1] - 1}")
+    if built == tuple(model_grid):
+        return value, None
+    return resample_offsets(value, built, model_grid), (
+        f"grid {built[0]}x{built[1]} -> {model_grid[0]}x{model_grid[1]} offsets (per axis)")
+
+
 def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
                 layout: str, grid_only_posemb: bool = False,
-                resample: str = "zoom") -> LoadReport:
-    """Loads canonical (pre-Linen) arrays into the model; checks all before assigning any."""
+                resample: str = "zoom", grid: tuple[int, int] | None = None) -> LoadReport:
+    """Loads canonical (pre-Linen) arrays into the model; checks all before assigning any.
+    grid: the (rows, columns) of patches the checkpoint's relative-position tables are
+    built for, where the file records it (a .keras model); None infers it."""
     report = LoadReport(source=source, layout=layout)
     targets = model_variables(model)
     model_blocks, ckpt_blocks = num_blocks(targets), num_blocks(params)
@@ -184,9 +206,10 @@ def load_params(model: keras.Model, params: dict[str, np.ndarray], source: str,
         if key in AXIS_POSEMB_KEYS and value.shape[0] != expected[0]:
             report.resampled[key] = f"{value.shape[0]} -> {expected[0]} positions ({resample})"
             value = resample_grid(value[:, None], (expected[0], 1), resample)[:, 0]
-        if RELATIVE_KEY.search(key) and value.shape[0] != expected[0]:
-            report.resampled[key] = f"{value.shape[0]} -> {expected[0]} offsets (linear)"
-            value = resample_offsets(value, expected[0])
+        if RELATIVE_KEY.search(key):
+            value, note = _fit_offsets(model, key, value, grid)
+            if note:
+                report.resampled[key] = note
         if tuple(value.shape) != expected:
             raise ValueError(f"{source}: shape mismatch for {key!r}: the model expects "
                              f"{expected}, the checkpoint has {tuple(value.shape)}")

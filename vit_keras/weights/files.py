@@ -7,7 +7,7 @@ import zipfile
 
 import keras
 
-from vit_keras import compat
+from vit_keras import compat, configs
 from vit_keras.weights import pretrained
 from vit_keras.weights.assign import LoadReport, load_params
 from vit_keras.weights.keras_hub import load_keras_hub
@@ -65,6 +65,14 @@ def load_model(path: str | os.PathLike, compile: bool = True) -> keras.Model:
     return model
 
 
+def _built_grid(model: keras.Model) -> tuple[int, int] | None:
+    """The grid of patches a saved ViT's relative-position tables are built for: its
+    position-embedding layer's (recorded in every .keras file of a vk.vit model)."""
+    layer = next((layer for layer in model.layers
+                  if layer.name == configs.POSITION_EMBEDDING), None)
+    return None if layer is None else tuple(layer.grid_size)
+
+
 def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport | None:
     """Loads weights into a model, choosing the reader by the file name, so that one call
     takes every layout vit_keras reads. Every reader but .weights.h5 loads by checkpoint
@@ -103,7 +111,8 @@ def load_weights(model: keras.Model, weights: str, variant=None) -> LoadReport |
         model.load_weights(path)
     elif path.endswith(".keras"):
         saved = load_model(path, compile=False)
-        return load_params(model, model_params(saved), path, "Keras model (.keras)")
+        return load_params(model, model_params(saved), path, "Keras model (.keras)",
+                           grid=_built_grid(saved))
     elif path.endswith(".npz"):
         return load_npz(model, path)
     elif path.endswith(TORCH_SUFFIXES):

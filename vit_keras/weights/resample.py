@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 import scipy.ndimage
 
 from vit_keras.configs import RESAMPLING_METHODS
+from vit_keras.position_embeddings import offset_table
 
 
 def resample_grid(grid: np.ndarray, new_grid: tuple[int, int], method: str = "zoom"):
@@ -32,17 +34,34 @@ def resample_grid(grid: np.ndarray, new_grid: tuple[int, int], method: str = "zo
                      f"{', '.join(RESAMPLING_METHODS)}")
 
 
-def resample_offsets(table: np.ndarray, rows: int) -> np.ndarray:
-    """A (2N - 1, ...) table of relative-position offsets fitted to `rows` = 2N' - 1 rows by
-    the rule the model applies inside (vit_keras.position_embeddings.Relative): offset o reads
-    o (N - 1) / (N' - 1), linearly between neighbours."""
-    built, patches = (table.shape[0] + 1) // 2, (rows + 1) // 2
-    offsets = np.arange(rows) - (patches - 1)
-    source = np.clip(offsets * (built - 1) / max(patches - 1, 1) + built - 1, 0, len(table) - 1)
-    low = np.floor(source).astype(int)
-    high = np.minimum(low + 1, len(table) - 1)
-    frac = (source - low).reshape(-1, *[1] * (table.ndim - 1))
-    return table[low] * (1 - frac) + table[high] * frac
+def resample_offsets(table: np.ndarray, built: tuple[int, int],
+                     grid: tuple[int, int]) -> np.ndarray:
+    """A relative-position table of the offsets of a built grid fitted to a model built for
+    another grid. Its own table of 2H'W' - 1 offsets reads one embedding per 1-D offset,
+    where the rule the model applies on another grid (position_embeddings.offset_table)
+    reads one per 2-D displacement, and a 1-D offset of a grid of several rows and columns
+    is two displacements (one column right, or one row down and W' - 1 columns left): each
+    offset takes the mean of what that rule reads over the grid's pairs at that offset (the
+    least-squares fit), which is the rule itself where the grid is one row or one column.
+
+    Args:
+        table: (2HW - 1, ...) offsets of the H x W grid `built`.
+        built: (H, W).
+        grid: (H', W'), the model's grid.
+
+    Returns:
+        The (2H'W' - 1, ...) table.
+    """
+    rows, cols = grid
+    read = keras.ops.convert_to_numpy(offset_table(table, built, grid))
+    row, col = np.arange(1 - rows, rows)[:, None], np.arange(1 - cols, cols)[None, :]
+    pairs = ((rows - abs(row)) * (cols - abs(col))).ravel()  # pairs at each displacement
+    offset = (row * cols + col + rows * cols - 1).ravel()
+    total = np.zeros((2 * rows * cols - 1, *table.shape[1:]))
+    np.add.at(total, offset, pairs.reshape(-1, *[1] * (table.ndim - 1))
+              * read.reshape(len(offset), *table.shape[1:]))
+    counts = np.bincount(offset, weights=pairs).reshape(-1, *[1] * (table.ndim - 1))
+    return (total / counts).astype(table.dtype)
 
 
 def source_grid(num_grid_tokens: int, target_grid: tuple[int, int]) -> tuple[int, int]:

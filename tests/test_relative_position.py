@@ -16,6 +16,7 @@ import pytest
 import vit_keras as vk
 from tests import numpy_vit
 from tests.conftest import TINY, backend_independent, checkpoint_params, images, randomize
+from vit_keras import kernels
 from vit_keras.layers import MultiHeadDotProductAttention, TransformerBlock
 
 ATTENTION = "MultiHeadDotProductAttention_1/"
@@ -69,18 +70,19 @@ def block_params(block):
     return {k.split("/", 2)[2]: v for k, v in checkpoint_params(block).items()}
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("attention_kernel", ["fused", "einsum"])
 @pytest.mark.parametrize("num_prefix", [0, 1, 3])
 def test_both_paths_and_kernels_add_the_bias_and_the_probabilities_include_it(
         num_prefix, attention_kernel):
-    """The direct path (the fused kernel: PyTorch's attn_mask, Keras' bias elsewhere) and the
-    general one (return_attention_scores) against the NumPy block, any prefix tokens
-    (class, distillation, registers) sharing the three prefix offsets."""
+    """The plain call (on PyTorch the direct path, the fused kernel taking the bias as its
+    attn_mask) and the one returning the probabilities (the einsums) against the NumPy block,
+    any prefix tokens (class, distillation, registers) sharing the three prefix offsets."""
     block = random_block(num_prefix, attention_kernel)
     tokens = np.random.default_rng(3).normal(size=(2, num_prefix + 16, 32)).astype("float32")
     expected, expected_probs = numpy_vit.encoder_block(tokens, block_params(block), 4, True,
                                                        relative_prefix=num_prefix)
-    assert block.attention.takes_direct_path()
+    assert block.attention.takes_direct_path() is kernels.uses("direct_layers")
     direct = numpy_of(block(tokens))
     general, probs = map(numpy_of, block(tokens, return_attention_scores=True))
     np.testing.assert_allclose(direct, expected, atol=2e-5)

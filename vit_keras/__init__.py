@@ -46,7 +46,7 @@ __all__ = ["VARIANTS", "InputConvention", "LoadReport", "ViTConfig", "analysis",
            "load_npz", "load_pytorch_weights", "load_weights", "lora", "masked", "merge_lora",
            "preprocess", "preprocessing", "resnet", "save_npz", "save_weights", "training", "vit",
            "weights"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def __getattr__(name):

@@ -4,8 +4,9 @@ and every other module calls these functions by names that say what they do.
 
 Each group of names is a feature (FEATURES) with a check that the names exist and behave as
 this module expects: feature detection, not a version pin. `check_at_import()`, run when
-`vit_keras` is imported, tries the checks that need no tensors (names defined on classes and
-modules); the others run on first use. A fast path whose feature fails turns off with one
+`vit_keras` is imported, tries the checks that start nothing of the backend (names defined on
+classes and modules, layers constructed but never called), so that importing stays safe to
+fork; the others run on first use. A fast path whose feature fails turns off with one
 warning and the general path runs (vit_keras.kernels.uses); a feature that the library needs
 for something else (layer-wise learning rates, LoRA) refuses with one clear error instead of
 computing something else (require).
@@ -52,7 +53,8 @@ preload_triton()
 class Feature:
     """A group of private names. names: as the warning lists them; used_by: what in
     vit_keras reads them; check: True where they exist and behave as expected; at_import:
-    the check makes no tensors, so check_at_import() runs it; backend: the one backend that
+    the check starts nothing of the backend (no tensor, no traced call), so
+    check_at_import() runs it; backend: the one backend that
     reads the names, or None for all."""
 
     names: tuple[str, ...]
@@ -166,8 +168,7 @@ FEATURES = {
                           _check_layer_walk, at_import=True),
     "graph_nodes": Feature(("keras.layers.Layer._inbound_nodes",
                             "keras.Model._nodes_by_depth"),
-                           "features() and the export's serving graph", _check_graph_nodes,
-                           at_import=True),
+                           "features() and the export's serving graph", _check_graph_nodes),
     "compile_config": Feature(("keras.Model._compile_config",),
                               "a .keras file's compile state (jit_compile 'auto', the public "
                               "optimizer class)", _check_compile_config),
@@ -244,8 +245,8 @@ def require(name: str) -> None:
 
 
 def check_at_import() -> None:
-    """Runs the checks that make no tensors (supports warns for each that fails), a
-    backend's own only on that backend."""
+    """Runs the checks marked at_import (supports warns for each that fails), a backend's
+    own only on that backend."""
     for name, feature in FEATURES.items():
         if feature.at_import and feature.backend in (None, _backend()):
             supports(name)

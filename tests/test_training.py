@@ -365,7 +365,6 @@ def test_saved_compile_state_loads_on_tensorflow(tmp_path, policy):
     assert loaded.stdout.split()[-2:] == ["AdamW", "0.003"]
 
 
-
 def saved_jit_compile(path):
     """The jit_compile a .keras file's compile config records, read from its config.json."""
     with zipfile.ZipFile(path) as archive:
@@ -426,6 +425,7 @@ def test_committed_keras_files_record_no_resolved_jit_compile():
     assert found, "no committed .keras files found under docs/ or notes/"
     recorded = {str(path.relative_to(ROOT)): saved_jit_compile(path) for path in found}
     assert recorded == dict.fromkeys(recorded, "auto")
+
 
 TINY_FLAGS = ["--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--mlp-dim", "32",
               "--patch-size", "7", "--resnet-layers", "none", "--image-size", "28",

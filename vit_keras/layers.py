@@ -567,8 +567,7 @@ class MlpBlock(SavesSublayers, keras.layers.Layer):
             True where the direct path serves the call.
         """
         return (kernels.uses("direct_layers") and not (training and self.dropout_rate)
-                and plain_dense(self.dense_0)
-                and plain_dense(self.dense_1))
+                and plain_dense(self.dense_0) and plain_dense(self.dense_1))
 
     def direct(self, x):
         """call(x) on the direct path (takes_direct_path).

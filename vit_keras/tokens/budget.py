@@ -55,7 +55,7 @@ def merge_tokens(model: keras.Model, r: int | Sequence[int], name: str | None = 
     """
     vit, _ = find_vit(model)
     depth = len(blocks_of(vit))
-    amounts = [r] * depth if isinstance(r, int) else list(r)
+    amounts = list(r) if isinstance(r, (list, tuple)) else [r] * depth
     if len(amounts) != depth or not all(isinstance(a, int) and a >= 0 for a in amounts):
         raise ValueError(f"r must be an int >= 0 or a list of {depth} of them (one per "
                          f"block), got {r!r}")

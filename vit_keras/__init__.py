@@ -20,6 +20,7 @@ from vit_keras.intermediates import features
 from vit_keras.lora import lora, merge_lora
 from vit_keras.models import vit
 from vit_keras.preprocessing import InputConvention, input_convention, preprocess
+from vit_keras.tokens.budget import merge_tokens, prune_tokens
 from vit_keras.weights import (
     LoadReport,
     load_keras_hub,
@@ -44,8 +45,8 @@ __all__ = ["VARIANTS", "InputConvention", "LoadReport", "ViTConfig", "analysis",
            "decode_predictions", "distribute", "evaluation", "export", "features", "get_config",
            "input_convention", "intermediates", "layers", "load_keras_hub", "load_model",
            "load_npz", "load_pytorch_weights", "load_weights", "lora", "masked", "merge_lora",
-           "preprocess", "preprocessing", "resnet", "save_npz", "save_weights", "training", "vit",
-           "weights"]
+           "merge_tokens", "preprocess", "preprocessing", "prune_tokens", "resnet", "save_npz",
+           "save_weights", "training", "vit", "weights"]
 __version__ = "0.3.0"
 
 

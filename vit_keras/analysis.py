@@ -19,6 +19,7 @@ from vit_keras.intermediates import (
     fed_by,
     find_vit,
     num_prefix_tokens,
+    refuse_token_budget,
     representation_layer,
 )
 from vit_keras.layers import PatchEmbedding
@@ -36,9 +37,11 @@ def _layout(vit: keras.Model, images) -> tuple[tuple[int, int], int, int]:
     return image_grid(images, stride), num_prefix_tokens(vit), stride
 
 
-def _vit_and_images(model: keras.Model, images):
-    """The ViT in model (features.find_vit) and the images as it sees them."""
+def _vit_and_images(model: keras.Model, images, tool: str):
+    """The ViT in model (features.find_vit) and the images as it sees them, for tool; refused
+    for a model with a token budget."""
     vit, feeder = find_vit(model)
+    refuse_token_budget(vit, tool)
     return vit, images if feeder is None else feeder(images, training=False)
 
 
@@ -52,8 +55,12 @@ def attention_maps(model: keras.Model, images) -> list[np.ndarray]:
 
     Returns:
         One array per block, each (batch, heads, tokens, tokens).
+
+    Raises:
+        ValueError: a model that merges or prunes tokens (vk.merge_tokens,
+            vk.prune_tokens), whose later blocks have no grid of patches.
     """
-    vit, images = _vit_and_images(model, images)
+    vit, images = _vit_and_images(model, images, "attention_maps")
     blocks = blocks_of(vit)
     tokens = keras.tree.flatten(blocks[0].input)[0]  # a block may take the images too
     x = keras.Model(vit.input, tokens)(images, training=False)
@@ -99,8 +106,12 @@ def attention_rollout(model: keras.Model, images) -> np.ndarray:
 
     Returns:
         (batch, grid_h, grid_w) maps over the patch grid.
+
+    Raises:
+        ValueError: a model that merges or prunes tokens (vk.merge_tokens,
+            vk.prune_tokens), whose later blocks have no grid of patches.
     """
-    vit, seen = _vit_and_images(model, images)
+    vit, seen = _vit_and_images(model, images, "attention_rollout")
     grid, prefix, _ = _layout(vit, seen)
     return rollout(attention_maps(vit, seen), prefix, grid)
 
@@ -151,8 +162,12 @@ def mean_attention_distance(model: keras.Model, images) -> np.ndarray:
 
     Returns:
         (layers, heads) mean attention distances in pixels.
+
+    Raises:
+        ValueError: a model that merges or prunes tokens (vk.merge_tokens,
+            vk.prune_tokens), whose later blocks have no grid of patches.
     """
-    vit, seen = _vit_and_images(model, images)
+    vit, seen = _vit_and_images(model, images, "mean_attention_distance")
     grid, prefix, patch = _layout(vit, seen)
     return np.stack([attention_distance(p, grid, patch, prefix)
                      for p in attention_maps(vit, seen)])

@@ -14,6 +14,7 @@ from keras import ops
 from vit_keras import compat, configs
 from vit_keras.layers import TransformerBlock
 from vit_keras.position_embeddings import AddPositionEmbedding, image_grid
+from vit_keras.tokens.reduction import is_reduced, reduced_blocks
 
 __all__ = ["PatchTokens", "built_image_size", "features", "find_vit", "takes_any_size"]
 
@@ -134,6 +135,20 @@ def blocks_of(vit: keras.Model) -> list[TransformerBlock]:
     return [layer for layer in vit.layers if isinstance(layer, TransformerBlock)]
 
 
+def refuse_token_budget(vit: keras.Model, tool: str) -> None:
+    """Raises for a ViT that merges or prunes tokens, whose blocks no longer see the grid of
+    patches that tool reads.
+
+    Raises:
+        ValueError: naming the tool and vk.merge_tokens / vk.prune_tokens.
+    """
+    if is_reduced(vit):
+        raise ValueError(f"{tool} reads every block's tokens on the image's grid of patches; "
+                         f"model {vit.name!r} merges or prunes tokens (vk.merge_tokens / "
+                         f"vk.prune_tokens), so later blocks have no such grid: give it the "
+                         f"model the token budget was applied to")
+
+
 def block_indices(blocks: int | Sequence[int], depth: int) -> list[int]:
     """blocks: n for the last n blocks, or indices (negative ones count from the end)."""
     if isinstance(blocks, int):
@@ -220,21 +235,32 @@ def features(model: keras.Model, blocks: int | Sequence[int] = 4, norm: bool = T
     Returns:
         A keras.Model from model's inputs to a dict: "block{i}" (block i's patch tokens),
         "block{i}_prefix" (its prefix tokens, with prefix_tokens) and "pooled" (with
-        pooled).
+        pooled). A model that merges or prunes tokens (vk.merge_tokens, vk.prune_tokens)
+        also gives "block{i}_sizes" (batch, tokens, 1): how many patches each of block i's
+        tokens stands for.
 
     Raises:
         ValueError: model has no ViT in it, or blocks asks for a block it does not have or
-            for one twice.
+            for one twice; spatial maps of a model that merges or prunes tokens.
     """
     vit, feeder = find_vit(model)
-    indices = block_indices(blocks, len(blocks_of(vit)))
+    reduced = reduced_blocks(vit)
+    if reduced and spatial:
+        raise ValueError(f"model {vit.name!r} merges or prunes tokens (vk.merge_tokens / "
+                         f"vk.prune_tokens), so its tokens lie on no grid: call features with "
+                         f"spatial=False")
+    indices = block_indices(blocks, len(reduced or blocks_of(vit)))
     prefix_count = num_prefix_tokens(vit)
     split = PatchTokens(prefix_count, cell_size(vit), spatial,
                         name="spatial_tokens" if spatial else "patch_tokens")
     normalise = final_norm(vit) if norm else None
     outputs = {}
     for index in indices:
-        tokens = vit.get_layer(configs.block_name(index)).output
+        if reduced:
+            tokens, sizes = reduced[index].output
+            outputs[f"block{index}_sizes"] = split(sizes, images=vit.input)[1]
+        else:
+            tokens = vit.get_layer(configs.block_name(index)).output
         if normalise is not None:
             tokens = normalise(tokens)
         prefix, outputs[f"block{index}"] = split(tokens, images=vit.input)

@@ -407,19 +407,27 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         if self.position_bias:
             POSITION_EMBEDDINGS[self.position_bias].build_attention(self)
 
-    def logit_bias(self, query, grid=None):
-        """What position_bias adds to the attention logits.
+    def logit_bias(self, query, grid=None, key_bias=None):
+        """What is added to the attention logits: position_bias's, and key_bias.
 
         Args:
             query: the queries (batch, tokens, heads, D_h).
             grid: the (rows, columns) of the patches; None for grid_size.
+            key_bias: a (batch, tokens) bias for each key, the same for every query and head
+                (token merging's proportional attention, log of each token's size); None
+                for none.
 
         Returns:
-            The bias (batch, heads, tokens, tokens), or None without position_bias.
+            The bias, (batch, heads, tokens, tokens) or broadcastable to it, or None for
+            none.
         """
-        if not self.position_bias:
-            return None
-        return POSITION_EMBEDDINGS[self.position_bias].attention_bias(self, query, grid)
+        bias = None
+        if self.position_bias:
+            bias = POSITION_EMBEDDINGS[self.position_bias].attention_bias(self, query, grid)
+        if key_bias is None:
+            return bias
+        key_bias = key_bias[:, None, None, :]
+        return key_bias if bias is None else bias + key_bias
 
     def takes_direct_path(self, training=None, return_attention_scores=False) -> bool:
         """Whether call() computes the projections from their variables (vit_keras.kernels
@@ -441,29 +449,33 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
                 and not (training and self.dropout_rate)
                 and all(map(plain_dense, (self.query, self.key, self.value, self.out))))
 
-    def direct(self, x, grid=None):
+    def direct(self, x, grid=None, key_bias=None, return_keys=False):
         """call(x) on the direct path (takes_direct_path).
 
         Args:
             x: the tokens (batch, tokens, D).
             grid: the (rows, columns) of the patches; None for grid_size.
+            key_bias: see logit_bias.
+            return_keys: also return the keys (batch, tokens, heads, D_h).
 
         Returns:
-            The layer's output for x.
+            The layer's output for x, and the keys with return_keys.
         """
         query, key, value = (kernels.dense(x, layer) for layer in (self.query, self.key,
                                                                     self.value))
+        heads = (*ops.shape(query)[:2], self.num_heads, self.head_dim)
         bias = None
-        if self.position_bias:
-            heads = (*ops.shape(query)[:2], self.num_heads, self.head_dim)
-            bias = self.logit_bias(ops.reshape(query, heads), grid)
+        if self.position_bias or key_bias is not None:
+            bias = self.logit_bias(ops.reshape(query, heads), grid, key_bias)
         attended = kernels.multi_head_attention(query, key, value, self.num_heads,
                                                 self.attention_kernel, bias=bias)
-        return kernels.dense(attended, self.out)
+        out = kernels.dense(attended, self.out)
+        return (out, ops.reshape(key, heads)) if return_keys else out
 
-    def call(self, x, training=None, return_attention_scores=False, grid=None):
+    def call(self, x, training=None, return_attention_scores=False, grid=None, key_bias=None,
+             return_keys=False):
         if self.takes_direct_path(training, return_attention_scores):
-            return self.direct(x, grid)
+            return self.direct(x, grid, key_bias, return_keys)
         batch, tokens, width = ops.shape(x)
         heads = (batch, tokens, self.num_heads, self.head_dim)
         flat = ops.reshape(x, (-1, width))
@@ -475,10 +487,12 @@ class MultiHeadDotProductAttention(SavesSublayers, keras.layers.Layer):
         attended, probs = kernels.attention(
             query, key, value, self.attention_kernel,
             dropout=self.dropout if active else None, training=training,
-            return_probabilities=return_attention_scores, bias=self.logit_bias(query, grid))
+            return_probabilities=return_attention_scores,
+            bias=self.logit_bias(query, grid, key_bias))
         attended = ops.reshape(attended, (-1, self.num_heads, self.head_dim))
         out = ops.reshape(self.out(attended), (batch, tokens, width))
-        return (out, probs) if return_attention_scores else out
+        extras = (probs,) * return_attention_scores + (key,) * return_keys
+        return (out, *extras) if extras else out
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -746,7 +760,7 @@ class TransformerBlock(keras.layers.Layer):
             raise ValueError(f"{self.name} needs its stride (pixels per grid cell) to read the "
                              f"grid of images")
         grid = None if images is None else image_grid(images, self.stride)
-        scales = [self._drop_path_scale(x, training) for _ in range(2)]
+        scales = self.residual_scales(x, training)
         if self.remat and training and not return_attention_scores and normed is None:
             ones = ops.ones_like(x[:, :1, :1])
             scales = [ones if scale is None else scale for scale in scales]
@@ -759,25 +773,57 @@ class TransformerBlock(keras.layers.Layer):
         """The block's equations. Its sublayers run on their direct paths where they can
         (MultiHeadDotProductAttention.takes_direct_path, kernels.layer_norm), the LayerScales'
         call without Keras' layer call around it."""
-        def residual(branch, index):
-            if self.branch_scales:
-                branch = self.branch_scales[index].call(branch)
-            return branch if scales[index] is None else branch * scales[index]
+        x, *scores = self.attention_residual(x, scales, training, return_attention_scores,
+                                             normed, grid)
+        x = self.mlp_residual(x, scales, training)
+        return (x, *scores) if return_attention_scores else x
 
+    def residual_scales(self, x, training) -> list:
+        """The per-sample stochastic-depth scales of the two residual branches (None: off)."""
+        return [self._drop_path_scale(x, training) for _ in range(2)]
+
+    def attention_residual(self, x, scales, training, return_attention_scores=False,
+                           normed=None, grid=None, key_bias=None, return_keys=False):
+        """z' = MSA(LN(z)) + z, the block's first half (token reduction runs between the
+        halves): (z', probabilities with return_attention_scores, keys with return_keys).
+
+        Args:
+            x: the tokens z (batch, tokens, D).
+            scales: residual_scales(x, training).
+            training: whether the call is in training.
+            return_attention_scores: also return the attention probabilities.
+            normed: LN(z) when the caller has it; None computes it.
+            grid: the (rows, columns) of the patches a position_bias reads.
+            key_bias: a (batch, tokens) bias on each key's logits
+                (MultiHeadDotProductAttention.logit_bias).
+            return_keys: also return the keys (batch, tokens, heads, D_h).
+
+        Returns:
+            A tuple: z', then the probabilities and the keys where asked for.
+        """
         normed = kernels.layer_norm(x, self.norm_0) if normed is None else normed
         if self.attention.takes_direct_path(training, return_attention_scores):
-            y = self.attention.direct(normed, grid)
+            y = self.attention.direct(normed, grid, key_bias, return_keys)
         else:
             y = self.attention(normed, training=training,
-                               return_attention_scores=return_attention_scores, grid=grid)
-        if return_attention_scores:
-            y, scores = y
-        x = x + residual(dropout_if_active(self.dropout, y, training), 0)
+                               return_attention_scores=return_attention_scores, grid=grid,
+                               key_bias=key_bias, return_keys=return_keys)
+        y, *extras = y if return_attention_scores or return_keys else (y,)
+        x = x + self._residual(dropout_if_active(self.dropout, y, training), scales, 0)
+        return (x, *extras)
+
+    def mlp_residual(self, x, scales, training):
+        """z_out = MLP(LN(z')) + z', the block's second half."""
         normed = kernels.layer_norm(x, self.norm_2)
         mlp = (self.mlp.direct(normed) if self.mlp.takes_direct_path(training)
                else self.mlp(normed, training=training))
-        x = x + residual(mlp, 1)
-        return (x, scores) if return_attention_scores else x
+        return x + self._residual(mlp, scales, 1)
+
+    def _residual(self, branch, scales, index):
+        """A residual branch through its LayerScale and stochastic-depth scale."""
+        if self.branch_scales:
+            branch = self.branch_scales[index].call(branch)
+        return branch if scales[index] is None else branch * scales[index]
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -152,8 +152,9 @@ def prune_blocks(blocks, layers):
 def read_out(params, x, sizes, num_prefix, classifier, distilled, fc_norm, representation,
              weighted):
     """The final LayerNorm (before pooling, or fc_norm after it), the pooling and the heads:
-    (pooled representation, logits). "gap" averages the non-prefix tokens, weighted by their
-    sizes when weighted (ToMe); DeiT's logits are its two heads' mean on its two tokens."""
+    (pooled representation, logits or None without a head). "gap" averages the non-prefix
+    tokens, weighted by their sizes when weighted (ToMe); DeiT's logits are its two heads'
+    mean on its two tokens."""
     if not fc_norm:
         x = layer_norm(x, params["Transformer/encoder_norm/scale"],
                        params["Transformer/encoder_norm/bias"])
@@ -170,6 +171,8 @@ def read_out(params, x, sizes, num_prefix, classifier, distilled, fc_norm, repre
         pooled = layer_norm(pooled, params["fc_norm/scale"], params["fc_norm/bias"])
     if representation:
         pooled = np.tanh(pooled @ params["pre_logits/kernel"] + params["pre_logits/bias"])
+    if "head/kernel" not in params:
+        return pooled, None
     return pooled, pooled @ params["head/kernel"] + params["head/bias"]
 
 

@@ -82,11 +82,12 @@ def assert_blocks_match(reduced, expected, options, layers, x):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("options, r", [
-    ("token", 12), ("token", [0, 10, 3]), ("token", 40), ("gap", 12),
+    ("token", 12), ("token", [0, 12, 12]), ("token", 40), ("gap", 12),
     ("gap_class_token_fc_norm", 12), ("distilled_registers", 40)])
 def test_merged_logits_are_the_numpy_reference(options, r):
     """r=40 is past the cap in every block ((t - p) // 2: 32, 16, 8 for one prefix token).
-    (The tests share token counts where they can: JAX compiles each new shape.)"""
+    (The tests share token counts where they can: JAX compiles each new shape; [0, 12, 12]
+    has r=12's counts one block later.)"""
     model = build(options)
     x = images()
     expected = reference(model, options, x, r=r)
@@ -224,7 +225,7 @@ def test_models_without_a_fixed_grid_are_refused(function):
 
 def test_bad_amounts_are_refused():
     model = tiny()
-    for r in (-1, [1, 2], [1, 2, -1], 1.5):
+    for r in (-1, [1, 2], [1, 2, -1], [1, 2, 1.5]):
         with pytest.raises(ValueError, match=r"r must be an int >= 0 or a list of 3 of them"):
             vk.merge_tokens(model, r)
     for keep_rate in (0.0, -0.5, 1.5):
@@ -234,6 +235,11 @@ def test_bad_amounts_are_refused():
         vk.prune_tokens(model, 0.5, blocks=[3])
     with pytest.raises(ValueError, match="has no class token"):
         vk.prune_tokens(tiny(classifier="gap"), 0.5)
+
+
+def test_a_float_r_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"r must be an int >= 0 or a list of 3 of them"):
+        vk.merge_tokens(tiny(), 1.5)
 
 
 def test_grid_readers_refuse_a_budget_model_by_name():

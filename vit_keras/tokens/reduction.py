@@ -161,9 +161,10 @@ def _check_kind(kind: str) -> Reduction:
 @_register
 class ReducedBlock(keras.layers.Wrapper):
     """A TransformerBlock that reduces its tokens between its attention residual and its MLP
-    by one of REDUCTIONS, carrying each token's size: call(tokens, sizes) -> (tokens, sizes);
-    sizes None means all ones. The block's weights are its own (shared with the model it came
-    from); stochastic depth and dropout apply in training as in the block, remat does not.
+    by one of REDUCTIONS, carrying each token's size (int32): call(tokens, sizes) -> (tokens,
+    sizes); sizes None means all ones. The block's weights are its own (shared with the model
+    it came from); stochastic depth and dropout apply in training as in the block, remat
+    does not.
 
     Args:
         layer: the TransformerBlock.
@@ -199,8 +200,10 @@ class ReducedBlock(keras.layers.Wrapper):
 
     def call(self, tokens, sizes=None, training=None):
         block, count = self.layer, tokens.shape[1]
-        if sizes is None:
-            sizes = ops.ones_like(ops.cast(tokens[..., :1], "float32"))
+        # Sizes travel as int32, which mixed precision leaves alone (a bfloat16 count is exact
+        # only to 256), and are float32 inside.
+        sizes = (ops.ones_like(tokens[..., :1], dtype="float32") if sizes is None
+                 else ops.cast(sizes, "float32"))
         key_bias = ops.log(sizes[..., 0]) if self.reduction.size_weighted else None
         reduces = self.tokens_after(count) < count
         needs = {"return_keys": reduces and self.reduction.needs == "keys",
@@ -211,12 +214,13 @@ class ReducedBlock(keras.layers.Wrapper):
         if reduces:
             x, sizes = self.reduction.apply(x, sizes, extras[0], count,
                                             self.num_prefix_tokens, self.amount)
-        return block.mlp_residual(x, scales, training), sizes
+        return block.mlp_residual(x, scales, training), ops.cast(sizes, "int32")
 
-    def compute_output_shape(self, tokens_shape, sizes_shape=None):
-        batch, count, width = tokens_shape
+    def compute_output_spec(self, tokens, sizes=None, training=None):
+        batch, count, width = tokens.shape
         after = self.tokens_after(count)
-        return (batch, after, width), (batch, after, 1)
+        return (keras.KerasTensor((batch, after, width), dtype=self.compute_dtype),
+                keras.KerasTensor((batch, after, 1), dtype="int32"))
 
     def get_config(self):
         return {**super().get_config(), "kind": self.kind, "amount": self.amount,

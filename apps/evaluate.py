@@ -5,6 +5,7 @@ its weights came from (vk.input_convention).
 
 vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
                    [--limit N] [--mirror] [--merge-tokens R | --prune-tokens KEEP]
+
 With a token budget, evaluation.json records it ("token_budget").
 """
 

@@ -4,6 +4,7 @@ against the Keras model on held-out images and writing export_report.json.
 
 vit-keras export runs/fashion_mnist/model.keras [--name fashion_mnist] [--overwrite]
 vit-keras export runs/fashion_mnist/model.keras --merge-tokens 8
+
 With a token budget (--merge-tokens, --prune-tokens) the files compute the merged or pruned
 model, verified against it, in savedmodels/<name>_merge8 (say), and export_report.json
 records the budget ("token_budget").

@@ -243,3 +243,24 @@ def test_every_format_of_a_merged_or_pruned_model_is_verified_and_answers_like_i
     first = np.asarray(Image.open(sorted((folder / "held_out" / "0").iterdir())[0]))[None]
     assert answer[0][0][0] == (folder / "labels.txt").read_text().split()[
         int(probabilities(reduced, first).argmax())]
+
+
+@backend_independent
+def test_predict_merges_the_tokens_of_a_release(weights_server):
+    from tests.test_predict_release import PHOTO, RELEASE
+    from vit_keras.weights import pretrained
+
+    root, _ = weights_server
+    entry = pretrained.checkpoint("Ti/16", RELEASE)
+    source = randomize(vk.vit("Ti/16", num_classes=entry.num_classes), scale=0.2)
+    (root / entry.path).parent.mkdir(parents=True)
+    vk.save_npz(source, root / entry.path)
+    results = predict.main([RELEASE, "--variant", "Ti/16", str(PHOTO), "--top-k", "3",
+                            "--merge-tokens", "8"])
+    with Image.open(PHOTO) as image:
+        pixels = np.asarray(image.convert("RGB").resize((224, 224), Image.BILINEAR))[None]
+    expected = probabilities(vk.merge_tokens(source, 8), pixels)[0]
+    # a random checkpoint's near-uniform probabilities: compared relative to their size
+    assert np.abs(expected / probabilities(source, pixels)[0] - 1).max() > 1e-5
+    best = np.argsort(expected)[::-1][:3]
+    np.testing.assert_allclose([p for *_, p in results[0]], expected[best], rtol=1e-6)

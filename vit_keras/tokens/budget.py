@@ -128,14 +128,19 @@ def token_budget(model: keras.Model) -> dict | None:
     budgets are told apart.
 
     Args:
-        model: the Keras model (a vk.vit, or a model with one inside).
+        model: a Keras model (a vk.vit, a model with one inside, or any other).
 
     Returns:
-        None for a model without one; else {"method": "merge_tokens", "r": [one per block]}
-        or {"method": "prune_tokens", "keep_rate": rate, "blocks": [the pruning blocks]},
-        with "tokens_per_block": the tokens each block outputs.
+        None for a model without one (a model without a ViT among them); else
+        {"method": "merge_tokens", "r": [one per block]} or {"method": "prune_tokens",
+        "keep_rate": rate, "blocks": [the pruning blocks]}, with "tokens_per_block": the
+        tokens each block outputs.
     """
-    blocks = reduced_blocks(find_vit(model)[0])
+    try:
+        vit, _ = find_vit(model)
+    except ValueError:  # no ViT in it, so no budget (the apps evaluate and export any model)
+        return None
+    blocks = reduced_blocks(vit)
     if not blocks:
         return None
     if blocks[0].kind == "merge":

@@ -1,4 +1,5 @@
 import csv
+import gc
 import http.server
 import importlib.resources
 import os
@@ -105,6 +106,16 @@ def write_release_file(root, name: str, variant: str):
 def images(batch=2, height=32, width=32, seed=1):
     rng = np.random.default_rng(seed)
     return rng.uniform(-1, 1, (batch, height, width, 3)).astype("float32")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _imports_out_of_the_collectors_way():
+    """Moves what the collected modules have imported (the frameworks, timm, the tests) out of
+    the garbage collector's reach; it lives as long as the process anyway. The full collection
+    that keras.backend.clear_session runs after every test then walks only what the tests
+    made, instead of the frameworks' objects as well, a walk that cost more than many a test."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -25,6 +25,9 @@ import vit_keras as vk  # noqa: E402
 from vit_keras import distribute, training  # noqa: E402
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
+# JAX: Keras' "auto", the compiled step that fit runs for a JAX user and apps.train by
+# default (eagerly, each op of a sharded step compiles on its own, which costs more).
+JIT_COMPILE = "auto" if MODE.startswith("jax") else False
 RECIPE = training.Recipe("sgd", 0.1, "linear", 0, momentum=0.0, clipnorm=None)
 
 
@@ -49,7 +52,7 @@ def train(distribution, workaround=True, shard=None):
         model = vk.vit(TINY, image_size=32, num_classes=3)
         model.set_weights([np.random.default_rng(i).normal(0, 0.1, w.shape).astype("float32")
                            for i, w in enumerate(model.get_weights())])
-        training.compile_model(model, RECIPE, total_steps=10**9, jit_compile=False)
+        training.compile_model(model, RECIPE, total_steps=10**9, jit_compile=JIT_COMPILE)
     if workaround:
         distribute.prepare_model(model, distribution)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)  # 4 steps of 8

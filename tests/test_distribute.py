@@ -66,11 +66,19 @@ tensorflow_only = pytest.mark.skipif(BACKEND != "tensorflow",
 jax_only = pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution: run in the jax pass")
 
 
-@tensorflow_only
-def test_mirrored_over_two_cpus_equals_one_device(tmp_path):
-    [(code, err)] = run_workers("mirrored", [tmp_path / "w.npz"])
+@pytest.fixture(scope="module")
+def mirrored(tmp_path_factory):
+    """The weights after training over two logical CPUs and on one, from one worker (shared:
+    the multiworker test compares itself with the same one-device run)."""
+    out = tmp_path_factory.mktemp("mirrored") / "w.npz"
+    [(code, err)] = run_workers("mirrored", [out])
     assert code == 0, err[-3000:]
-    assert_same_training(tmp_path / "w.npz")
+    return out
+
+
+@tensorflow_only
+def test_mirrored_over_two_cpus_equals_one_device(mirrored):
+    assert_same_training(mirrored)
 
 
 def multiworker_configs():
@@ -80,7 +88,7 @@ def multiworker_configs():
 
 
 @tensorflow_only
-def test_two_multiworker_processes_end_with_identical_weights(tmp_path):
+def test_two_multiworker_processes_end_with_identical_weights(tmp_path, mirrored):
     outs = [tmp_path / "w0.npz", tmp_path / "w1.npz"]
     results = run_workers("multiworker", outs, multiworker_configs())
     for code, err in results:
@@ -88,8 +96,7 @@ def test_two_multiworker_processes_end_with_identical_weights(tmp_path):
     first, second = np.load(outs[0]), np.load(outs[1])
     for key in first.files:
         np.testing.assert_array_equal(first[key], second[key])
-    [(code, err)] = run_workers("mirrored", [tmp_path / "single.npz"])
-    single = np.load(tmp_path / "single.npz")
+    single = np.load(mirrored)
     for i in range(len(first.files)):  # the same global batch as one device
         np.testing.assert_allclose(first[f"worker_{i}"], single[f"single_{i}"], atol=1e-5)
 

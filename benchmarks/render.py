@@ -258,14 +258,24 @@ def times(value: float | None) -> str:
     return "not run" if value is None else f"{value:.2f}x"
 
 
+def litert_cells(row: dict, engine: str) -> dict:
+    """A token_budget speed row's LiteRT milliseconds and speed-up for engine ("float32",
+    "int8") as text: "fails" where LiteRT could not run the file (speed.json says why)."""
+    key = f"litert_{engine}"
+    if row.get(f"{key}_error"):
+        return {f"{key}_ms": "fails", f"{key}_speedup": "fails"}
+    ms = row.get(f"{key}_ms")
+    return {f"{key}_ms": "not run" if ms is None else f"{ms:.2f}",
+            f"{key}_speedup": times(row.get(f"{key}_speedup"))}
+
+
 def token_speed_rows(reports: list[dict]) -> list[dict]:
     """benchmarks.token_budget's speed rows (reports: [accuracy, speed]) with their ratios as
     text and the tokens each block outputs as a list."""
-    return [{**row, "amount_text": "" if row["amount"] is None else row["amount"],
+    return [{**row, "amount_text": "0 / 1.0" if row["amount"] is None else row["amount"],
              "tokens": ", ".join(map(str, row["tokens_per_block"])),
-             **{name: times(row[name]) for name in (
-                 "flop_ratio", "speedup", "latency_speedup", "litert_float32_speedup",
-                 "litert_int8_speedup")},
+             **{name: times(row[name]) for name in ("flop_ratio", "speedup", "latency_speedup")},
+             **litert_cells(row, "float32"), **litert_cells(row, "int8"),
              "int8_vs_keras": "not run" if row["int8_over_keras"] is None
              else f"{row['int8_over_keras'] - 1:+.0%}"}
             for row in reports[1]["rows"]]
@@ -410,8 +420,8 @@ BLOCKS = {
         Spec(TOKENS, (
             ("Accuracy", "{backend} backend, fine-tuned from `{model}` at {image_size} px "
                          "with a class token added"),
-            ("recipe", "`{recipe}`, peak learning rate {learning_rate}, {epochs} epoch(s) "
-                       "of batch {batch_size}, no patch dropout"),
+            ("recipe", "`{recipe}`, peak learning rate {learning_rate}, batch {batch_size}, "
+                       "no patch dropout"), ("epochs", "{epochs}"),
             ("validation", "the last {validation_images:,} training images"),
             ("test", "{test_images:,} images"), ("Machine", "{machine}")),
             lambda reports: [reports[0]], line=True),
@@ -421,8 +431,9 @@ BLOCKS = {
             ("FLOPs", "{flop_ratio}"), ("Keras img/s", "{infer_images_s:rate}"),
             ("throughput", "{speedup}"), ("LiteRT int8 (batch 1)", "{litert_int8_speedup}"),
             ("int8 vs Keras", "{int8_vs_keras}"),
-            ("validation", "{validation_accuracy:.2%}"), ("change", "{validation_change:+.2f}"),
-            ("test", "{test_accuracy:.2%}"), ("change ", "{test_change:+.2f}")),
+            ("validation", "{validation_accuracy:.2%}"),
+            ("change (points)", "{validation_change:+.2f}"), ("test", "{test_accuracy:.2%}"),
+            ("change (points)", "{test_change:+.2f}")),
             token_tradeoff_rows),
         Spec(TOKENS, (
             ("Speed", "{backend} backend (jit_compile {jit_compile}), the median of {repeats} "
@@ -434,10 +445,10 @@ BLOCKS = {
             ("tokens out of each block", "{tokens}"), ("GFLOP/image", "{gflops_per_image:.3g}"),
             ("FLOPs", "{flop_ratio}"), ("batch", "{batch}"), ("img/s", "{infer_images_s:rate}"),
             ("throughput", "{speedup}"), ("latency ms (batch 1)", "{latency_ms:.1f}"),
-            ("latency", "{latency_speedup}"), ("LiteRT float32 ms", "{litert_float32_ms:.2f}"),
-            ("float32", "{litert_float32_speedup}"), ("LiteRT int8 ms", "{litert_int8_ms:.2f}"),
+            ("latency", "{latency_speedup}"), ("LiteRT float32 ms", "{litert_float32_ms}"),
+            ("float32", "{litert_float32_speedup}"), ("LiteRT int8 ms", "{litert_int8_ms}"),
             ("int8", "{litert_int8_speedup}"),
-            ("int8 top-1 agreement", "{int8_top1_agreement:.1%}"),
+            ("int8 top-1 agreement", "{int8_top1_agreement:.0%}"),
             ("peak MiB (first call)", "{infer_peak_mib:,.0f}")), token_speed_rows)),
     "inputsize": (
         backend_line(PAPER.format("input_size"), **{

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def smoke(args) -> None:
     args.image_size, args.limit, args.r, args.keep_rates = 28, 64, [4], [0.5]
-    args.variants, args.litert_variants, args.variant_r = ["smoke"], ["smoke"], [2]
+    args.variants, args.litert_variants, args.variant_r = ["smoke"], [], [2]
     args.variant_image_size, args.variant_batch, args.batch = SMOKE_IMAGE_SIZE, [2], 2
     args.repeats, args.warmup, args.min_sample = 1, 1, 0.01
 
@@ -285,25 +285,53 @@ def variant_models(variant: str, image_size: int, r_values, keep_rates) -> dict:
             for row in budget_rows(r_values, keep_rates)}
 
 
-def litert_latency(models: dict, folder: str, sample, representative, args) -> dict:
-    """Per label, each TFLite file's batch-1 seconds in LiteRT (timed in turns), and the int8
-    file's top-1 agreement with the Keras model on sample."""
+def litert_files(model: keras.Model, out: str, sample, representative) -> dict:
+    """{format: its line of the export report (vit_keras.export.verify's, with its path), or the
+    error LiteRT raised running it} for LITERT_FORMATS, exported from model into out; a file
+    LiteRT fails to run is reported and the others are kept."""
     from vit_keras import export
 
-    calls, agreement = {}, {}
-    for label, (_, model) in models.items():
-        out = os.path.join(folder, label.replace(" ", "_").replace("=", ""))
-        report = export.export_all(model, out, sample, representative, formats=LITERT_FORMATS,
-                                   overwrite=True,
-                                   tolerances=dict.fromkeys(LITERT_FORMATS, (None, 0.0)))
-        agreement[label] = report["formats"]["tflite_int8"]["top1_agreement"]
+    def write(folder, formats):
+        report = export.export_all(model, folder, sample, representative, formats=formats,
+                                   overwrite=True, tolerances=dict.fromkeys(formats, (None, 0.0)))
+        return {name: {**line, "path": os.path.join(folder, export.FORMATS[name].file_name)}
+                for name, line in report["formats"].items()}
+
+    try:
+        return write(out, LITERT_FORMATS)
+    except RuntimeError:  # one file fails in LiteRT: export each alone to find which
+        found = {}
         for name in LITERT_FORMATS:
-            predictor = export.Predictor(os.path.join(out, export.FORMATS[name].file_name))
-            calls[f"{label}|{name}"] = lambda predictor=predictor: predictor(sample[:1])
+            try:
+                found.update(write(os.path.join(out, name), (name,)))
+            except RuntimeError as error:
+                found[name] = f"fails in LiteRT: {' '.join(str(error).split())}"
+        return found
+
+
+def litert_latency(models: dict, folder: str, sample, representative, args) -> dict:
+    """Per label, each TFLite file's batch-1 milliseconds in LiteRT (timed in turns) or why it
+    has none, and the int8 file's top-1 agreement with the Keras model on sample."""
+    from vit_keras import export
+
+    calls, rows = {}, {}
+    for label, (_, model) in models.items():
+        files = litert_files(model, os.path.join(folder, label.replace(" ", "_").replace(
+            "=", "")), sample, representative)
+        rows[label] = {"int8_top1_agreement": None}
+        for name, line in files.items():
+            key = f"litert_{name.split('_')[1]}"
+            if isinstance(line, str):
+                rows[label].update({f"{key}_ms": None, f"{key}_error": line})
+                continue
+            predictor = export.Predictor(line["path"])
+            calls[(label, key)] = lambda predictor=predictor: predictor(sample[:1])
+            if name == "tflite_int8":
+                rows[label]["int8_top1_agreement"] = line["top1_agreement"]
     seconds = timed_in_turns(calls, args.repeats, args.warmup, args.min_sample)
-    return {label: {**{f"litert_{name.split('_')[1]}_ms": 1000 * seconds[f"{label}|{name}"]
-                       for name in LITERT_FORMATS},
-                    "int8_top1_agreement": agreement[label]} for label in models}
+    for (label, key), value in seconds.items():
+        rows[label][f"{key}_ms"] = 1000 * value
+    return rows
 
 
 def speed_rows(subject: str, config: vk.ViTConfig, models: dict, image_size: int, batch: int,

@@ -291,6 +291,61 @@ def model_from_arguments(args, **overrides):
     return vk.vit(model_config(args), **{**kwargs, **overrides})
 
 
+def keep_rate(text: str) -> float:
+    """An argparse type: a share of the tokens, above 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share of the tokens in (0, 1], got "
+                                         f"{text!r}")
+    return value
+
+
+def add_token_budget_arguments(parser: argparse.ArgumentParser, applied_to: str) -> None:
+    """--merge-tokens, --prune-tokens (one or the other) and --prune-blocks: a token budget
+    for the model, applied to `applied_to` (docs/tokens.md)."""
+    group = parser.add_argument_group("token budget", textwrap.fill(
+        f"Merge or prune tokens in {applied_to} (vk.merge_tokens, vk.prune_tokens; "
+        "docs/tokens.md): one of the two.", 80, break_on_hyphens=False))
+    methods = group.add_mutually_exclusive_group()
+    methods.add_argument("--merge-tokens", type=non_negative_int, metavar="R",
+                         help="merge R tokens away in every block (ToMe); 0 merges none")
+    methods.add_argument("--prune-tokens", type=keep_rate, metavar="KEEP",
+                         help="keep this share of the patch tokens at each pruning block, "
+                              "fusing the rest into one (EViT), in (0, 1]; the model needs a "
+                              "class token")
+    group.add_argument("--prune-blocks", type=int, nargs="+", metavar="I",
+                       help="the blocks that prune, 0-based, negative from the end (default: "
+                            "a quarter, half and three quarters of the way through)")
+
+
+def check_token_budget(args) -> None:
+    """Refuses --prune-blocks without --prune-tokens, before anything is loaded."""
+    if args.prune_blocks is not None and args.prune_tokens is None:
+        raise ValueError("--prune-blocks chooses where --prune-tokens prunes: give "
+                         "--prune-tokens KEEP too")
+
+
+def with_token_budget(args, model):
+    """model with the budget of the token flags (model itself without them)."""
+    import vit_keras as vk
+
+    check_token_budget(args)
+    if args.merge_tokens is not None:
+        return vk.merge_tokens(model, args.merge_tokens)
+    if args.prune_tokens is not None:
+        return vk.prune_tokens(model, args.prune_tokens, blocks=args.prune_blocks)
+    return model
+
+
+def asks_token_budget(args) -> bool:
+    """Whether a token flag is given."""
+    return any(value is not None for value in
+               (args.merge_tokens, args.prune_tokens, args.prune_blocks))
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, what: str,
                        dataset: str | None = "fashion_mnist"):
     """--dataset, --folder, --data-dir: where `what` comes from (vit_keras.data.load_source)."""

@@ -4,13 +4,24 @@ by the model's input convention: [-1, 1], or the mean and standard deviation of 
 its weights came from (vk.input_convention).
 
 vit-keras evaluate runs/fashion_mnist/model.keras [--dataset fashion_mnist | --folder DIR]
-                   [--limit N] [--mirror]
+                   [--limit N] [--mirror] [--merge-tokens R | --prune-tokens KEEP]
+
+With a token budget, evaluation.json records it ("token_budget").
 """
 
 import json
 import os
 
-from .common import add_data_arguments, app_parser, beside_model, load_model, positive_int, run
+from .common import (
+    add_data_arguments,
+    add_token_budget_arguments,
+    app_parser,
+    beside_model,
+    load_model,
+    positive_int,
+    run,
+    with_token_budget,
+)
 
 
 def main(argv=None):
@@ -30,13 +41,16 @@ def main(argv=None):
                              "as the fashion_mnist recipe evaluates)")
     parser.add_argument("--out", help="folder for evaluation.json and confusion_matrix.png "
                                       "(default: beside the model)")
+    add_token_budget_arguments(parser, "the model before it is evaluated")
     args = parser.parse_args(argv)
     from vit_keras import data, evaluation, intermediates
     from vit_keras.preprocessing import feeding, input_convention
+    from vit_keras.tokens.budget import token_budget
 
     model = load_model(args.model)
     if args.quantize:
         model.quantize(args.quantize)
+    model = with_token_budget(args, model)
     dataset, names = data.load_source(args.dataset, args.split, args.folder, args.data_dir)
     num_classes = model.outputs[0].shape[-1]
     if names and len(names) != num_classes:
@@ -53,7 +67,7 @@ def main(argv=None):
     report = evaluation.classification_report(
         *evaluation.predict_labels(model, batches, mirror=args.mirror), names)
     report.update(quantization=args.quantize, mirror=args.mirror,
-                  input_convention=convention.name)
+                  input_convention=convention.name, token_budget=token_budget(model))
     out = args.out or beside_model(args.model)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "evaluation.json"), "w") as file:

@@ -3,6 +3,11 @@ dynamic-range int8, full-integer int8) and ONNX under savedmodels/<name>/, verif
 against the Keras model on held-out images and writing export_report.json.
 
 vit-keras export runs/fashion_mnist/model.keras [--name fashion_mnist] [--overwrite]
+vit-keras export runs/fashion_mnist/model.keras --merge-tokens 8
+
+With a token budget (--merge-tokens, --prune-tokens) the files compute the merged or pruned
+model, verified against it, in savedmodels/<name>_merge8 (say), and export_report.json
+records the budget ("token_budget").
 """
 
 import json
@@ -15,18 +20,22 @@ from .common import (
     LABELS_FILE,
     RESULT_FILE,
     add_data_arguments,
+    add_token_budget_arguments,
     app_parser,
     beside_model,
+    check_token_budget,
     load_model,
     positive_int,
     run,
+    with_token_budget,
 )
 
 
 def build_parser():
     parser = app_parser("export", __doc__)
     parser.add_argument("model", help="a .keras file")
-    parser.add_argument("--name", help="folder name under savedmodels/ (default: the run's)")
+    parser.add_argument("--name", help="folder name under savedmodels/ (default: the run's, "
+                                       "with the token budget's, e.g. fashion_mnist_merge8)")
     parser.add_argument("--out", help="output folder (default savedmodels/<name>)")
     parser.add_argument("--formats", nargs="+", default=None, choices=EXPORT_FORMATS,
                         metavar="FORMAT",
@@ -39,7 +48,20 @@ def build_parser():
                         help="held-out images to verify on")
     parser.add_argument("--calibration", type=positive_int, default=100,
                         help="training images for int8 calibration")
+    add_token_budget_arguments(parser, "the model before it is exported")
     return parser
+
+
+def budget_suffix(args, budget: dict | None) -> str:
+    """The default folder name's ending for a token budget: "_merge8", "_prune0.7", and the
+    pruning blocks where --prune-blocks chose them ("_prune0.5_blocks2-5")."""
+    if budget is None:
+        return ""
+    if budget["method"] == "merge_tokens":
+        return f"_merge{args.merge_tokens}"
+    blocks = "-".join(str(block) for block in budget["blocks"])
+    return f"_prune{args.prune_tokens:g}" + (f"_blocks{blocks}" if args.prune_blocks and blocks
+                                              else "")
 
 
 def image_source(dataset=None, folder=None, eval_folder=None, data_dir=None,
@@ -103,11 +125,14 @@ def main(argv=None):
     import keras
 
     from vit_keras import export
+    from vit_keras.tokens.budget import token_budget
 
+    check_token_budget(args)
     if keras.backend.backend() != "tensorflow":
         return export_under_tensorflow(argv)
-    model = load_model(args.model)
-    name = args.name or os.path.basename(beside_model(args.model))
+    model = with_token_budget(args, load_model(args.model))
+    name = args.name or (os.path.basename(beside_model(args.model))
+                         + budget_suffix(args, token_budget(model)))
     out = args.out or os.path.join("savedmodels", name)
     export.check_output_folder(out, args.overwrite)  # before the data is read
     labels_file = beside_model(args.model, LABELS_FILE)

@@ -4,17 +4,31 @@ with a .keras model or any export: SavedModel folder, .tflite or .onnx.
 vit-keras predict runs/fashion_mnist/model.keras shoe.png bag.jpg [--top-k 3]
 vit-keras predict savedmodels/fashion_mnist/model_int8.tflite shoe.png
 vit-keras predict augreg_in21k_ft_in1k --variant B/16 photo.jpg
+vit-keras predict runs/fashion_mnist/model.keras shoe.png --merge-tokens 8
 Labels come from labels.txt beside the model unless --labels names another file; either must
 hold one name per class of the model.
 A pre-trained release name (vit-keras variants --pretrained lists them) in place of a model
 builds vk.vit(VARIANT, weights=NAME), downloaded once into the Keras cache, scales the images
 as those weights expect and names ImageNet's classes (vk.decode_predictions); an existing file
 or folder of that name wins over the release.
+A token budget (--merge-tokens, --prune-tokens) applies to a .keras model or a release; an
+export computes the budget it was exported with (vit-keras export --merge-tokens).
 """
 
 import os
 
-from .common import LABELS_FILE, app_parser, beside_model, image_paths, positive_int, run
+from .common import (
+    LABELS_FILE,
+    add_token_budget_arguments,
+    app_parser,
+    asks_token_budget,
+    beside_model,
+    image_paths,
+    load_model,
+    positive_int,
+    run,
+    with_token_budget,
+)
 
 
 def read_labels(path: str, count: int, given: bool) -> list[str]:
@@ -47,6 +61,7 @@ def main(argv=None):
     parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("HEIGHT", "WIDTH"),
                         help="the size images are resized to, for a model that takes any size "
                              "(default: the model's own input size)")
+    add_token_budget_arguments(parser, "a .keras model or a release before it predicts")
     args = parser.parse_args(argv)
     import numpy as np
 
@@ -63,7 +78,7 @@ def main(argv=None):
     if not os.path.exists(args.model):
         raise FileNotFoundError(f"model {args.model!r} does not exist, nor is it a pre-trained "
                                 f"release name ({', '.join(pretrained.names())})")
-    model = Predictor(args.model)
+    model = Predictor(args.model, model=budget_model(args))
     paths = image_paths(args.images)
     *size, channels = model.input_shape
     if args.image_size is None and None in size:
@@ -84,6 +99,18 @@ def main(argv=None):
     return results
 
 
+def budget_model(args):
+    """The .keras model with the token flags' budget, or None to run the file as it is;
+    an export is refused (its budget was fixed when it was exported)."""
+    if not asks_token_budget(args):
+        return None
+    if not args.model.endswith(".keras"):
+        raise ValueError(f"a token budget applies to a .keras model or a release, not to the "
+                         f"export {args.model!r}: export the .keras model with it (vit-keras "
+                         f"export --merge-tokens R or --prune-tokens KEEP)")
+    return with_token_budget(args, load_model(args.model))
+
+
 def predict_release(args) -> list:
     """The top-k ImageNet classes of each image by a release's model, built as vk.vit builds
     it from the name, preprocessed as its weights expect (the README's first example)."""
@@ -101,8 +128,8 @@ def predict_release(args) -> list:
     labels.release_label_set(args.model)  # CLIP's projection or no head: refused unfetched
     entry = pretrained.checkpoint(args.variant, args.model)
     paths = image_paths(args.images)
-    model = vk.vit(args.variant, weights=args.model,
-                   **pretrained.vit_kwargs(args.model, args.variant))
+    model = with_token_budget(args, vk.vit(args.variant, weights=args.model,
+                                           **pretrained.vit_kwargs(args.model, args.variant)))
     pixels = data.load_image_files(paths, entry.resolution)
     logits = model.predict(vk.preprocess(pixels, model), verbose=0)
     results = vk.decode_predictions(logits, top=args.top_k, model=model)

@@ -21,6 +21,7 @@ from vit_keras.export.formats import FORMATS, ExportFormat, tflite_bytes
 from vit_keras.export.runtimes import Predictor
 from vit_keras.export.serving import ClassTokenFolded, serving_model
 from vit_keras.intermediates import built_image_size, takes_any_size
+from vit_keras.tokens.budget import token_budget
 
 __all__ = ["FORMATS", "ClassTokenFolded", "ExportFormat", "ExportVerificationError",
            "Predictor", "check_output_folder", "export_all", "serving_model", "tflite_bytes",
@@ -134,6 +135,9 @@ def export_all(model: keras.Model, out_dir: str, sample_images: np.ndarray,
     saved_model_dir = os.path.join(out_dir, FORMATS["saved_model"].file_name)
     serving.export(saved_model_dir, format="tf_saved_model", verbose=False)
     report = {"model": model.name, "input_shape": list(model.input.shape[1:]), "formats": {}}
+    budget = token_budget(model)
+    if budget is not None:
+        report["token_budget"] = budget
     fixed = _fixed_size_serving(model, serving, saved_model_dir, out_dir, report)
     try:
         for name in formats:

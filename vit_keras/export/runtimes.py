@@ -73,10 +73,11 @@ class OnnxRuntime:
 
 
 class KerasRuntime:
-    """A .keras model, wrapped in the same uint8 serving function as the exports."""
+    """A .keras model (or one read from it and changed, given as model), wrapped in the same
+    uint8 serving function as the exports."""
 
-    def __init__(self, path: str):
-        model = load_model(path, compile=False)
+    def __init__(self, path: str, model: keras.Model | None = None):
+        model = load_model(path, compile=False) if model is None else model
         self._model = serving_model(model)
         self.input_shape = tuple(self._model.input.shape[1:])
 
@@ -105,20 +106,29 @@ class Predictor:
 
     Args:
         path: a SavedModel folder, or a .tflite, .onnx or .keras file.
+        model: the keras.Model read from a .keras path and changed (a token budget, say), run
+            in the file's place; None runs the file.
 
     Raises:
-        ValueError: a path of another kind, or a file its runtime cannot read (at
-            construction); images of another dtype or shape than the file takes (at a
-            call).
+        ValueError: a path of another kind, or a file its runtime cannot read, or a model
+            given with a path that is no .keras file (at construction); images of another
+            dtype or shape than the file takes (at a call).
         ImportError: the runtime's package is not installed.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, model: keras.Model | None = None):
         self.path = os.fspath(path)
         runtime = next((r for r in RUNTIMES if r.accepts(self.path)), None)
         if runtime is None:
             raise ValueError(f"{self.path!r}: expected a .keras, SavedModel folder, .tflite or "
                              ".onnx model")
+        if model is not None:
+            if runtime is not KerasRuntime:
+                raise ValueError(f"{self.path!r}: a model is run in place of a .keras file "
+                                 f"only, not of an export")
+            self._runtime = KerasRuntime(self.path, model)
+            self.input_shape = self._runtime.input_shape
+            return
         try:
             self._runtime = runtime(self.path)
         except ImportError:  # the reader's package is missing, not the file bad

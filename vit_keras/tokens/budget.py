@@ -28,7 +28,8 @@ from vit_keras.tokens.reduction import (
     reduced_blocks,
 )
 
-__all__ = ["default_prune_blocks", "merge_tokens", "prune_tokens", "token_counts"]
+__all__ = ["default_prune_blocks", "merge_tokens", "prune_tokens", "token_budget",
+           "token_counts"]
 
 
 def merge_tokens(model: keras.Model, r: int | Sequence[int], name: str | None = None
@@ -55,7 +56,7 @@ def merge_tokens(model: keras.Model, r: int | Sequence[int], name: str | None = 
     """
     vit, _ = find_vit(model)
     depth = len(blocks_of(vit))
-    amounts = [r] * depth if isinstance(r, int) else list(r)
+    amounts = list(r) if isinstance(r, (list, tuple)) else [r] * depth
     if len(amounts) != depth or not all(isinstance(a, int) and a >= 0 for a in amounts):
         raise ValueError(f"r must be an int >= 0 or a list of {depth} of them (one per "
                          f"block), got {r!r}")
@@ -119,6 +120,36 @@ def token_counts(model: keras.Model) -> list[int]:
     if is_reduced(vit):
         return [block.output[0].shape[1] for block in reduced_blocks(vit)]
     return [block.output.shape[1] for block in blocks_of(vit)]
+
+
+def token_budget(model: keras.Model) -> dict | None:
+    """The token budget a model was built with (vk.merge_tokens, vk.prune_tokens), as the
+    export report and the evaluate app record it, so that results of one model at several
+    budgets are told apart.
+
+    Args:
+        model: a Keras model (a vk.vit, a model with one inside, or any other).
+
+    Returns:
+        None for a model without one (a model without a ViT among them); else
+        {"method": "merge_tokens", "r": [one per block]} or {"method": "prune_tokens",
+        "keep_rate": rate, "blocks": [the pruning blocks]}, with "tokens_per_block": the
+        tokens each block outputs.
+    """
+    try:
+        vit, _ = find_vit(model)
+    except ValueError:  # no ViT in it, so no budget (the apps evaluate and export any model)
+        return None
+    blocks = reduced_blocks(vit)
+    if not blocks:
+        return None
+    if blocks[0].kind == "merge":
+        budget = {"method": "merge_tokens", "r": [block.amount for block in blocks]}
+    else:
+        pruning = [i for i, block in enumerate(blocks) if block.amount < 1.0]
+        rate = blocks[pruning[0]].amount if pruning else 1.0
+        budget = {"method": "prune_tokens", "keep_rate": rate, "blocks": pruning}
+    return {**budget, "tokens_per_block": token_counts(model)}
 
 
 def _check_reducible(vit: keras.Model, function: str) -> None:

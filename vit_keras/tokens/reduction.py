@@ -44,6 +44,14 @@ def _prefix_mask(tokens: int, prefix: int) -> np.ndarray:
     return np.where(rows[:, None] | cols[None, :], NEVER, 0.0).astype("float32")
 
 
+def one_hot(indices, count: int):
+    """ops.one_hot in int32, as a comparison: the masks and orders built from it stay exact
+    integers in a full-integer TFLite file, whose int8 ONE_HOT and float arithmetic would
+    round them (and whose int8 ONE_HOT writes its off value unquantized)."""
+    indices = ops.cast(indices, "int32")
+    return ops.cast(ops.equal(indices[..., None], ops.arange(count, dtype="int32")), "int32")
+
+
 def bipartite_merge(x, sizes, keys, r: int, prefix: int):
     """ToMe's bipartite soft matching (Bolya et al. 2023): A (even positions) and B (odd),
     compared by the cosine similarity of their keys averaged over heads; the r A tokens with
@@ -65,21 +73,27 @@ def bipartite_merge(x, sizes, keys, r: int, prefix: int):
     metric = metric / ops.norm(metric, axis=-1, keepdims=True)
     scores = ops.einsum("bic,bjc->bij", metric[:, 0::2], metric[:, 1::2])
     scores = scores + ops.convert_to_tensor(_prefix_mask(tokens, prefix))
-    _, merged = ops.top_k(ops.max(scores, axis=-1), r)
-    targets = ops.take_along_axis(ops.argmax(scores, axis=-1), merged, axis=1)
+    # Each A token's best score and B token in one top_k: Keras' argmax of floats on
+    # TensorFlow checks the sign bit with a bitwise op that TFLite's builtins lack.
+    best, targets = ops.top_k(scores, 1)
+    _, merged = ops.top_k(best[..., 0], r)
+    targets = ops.take_along_axis(targets[..., 0], merged, axis=1)
     a_count, b_count = (tokens + 1) // 2, tokens // 2
-    sources = ops.one_hot(merged, a_count)                                  # (batch, r, A)
-    transfer = ops.einsum("bri,brj->bij", sources, ops.one_hot(targets, b_count))
-    kept = 1.0 - ops.sum(sources, axis=1)                                   # (batch, A)
-    order = ops.cast(ops.cumsum(kept, axis=1) - 1.0, "int32") * ops.cast(kept, "int32")
-    placement = kept[..., None] * ops.one_hot(order, a_count - r)           # (batch, A, A-r)
+    sources = one_hot(merged, a_count)                                      # (batch, r, A)
+    transfer = ops.einsum("bri,brj->bij", ops.cast(sources, "float32"),
+                          ops.cast(one_hot(targets, b_count), "float32"))
+    kept = 1 - ops.sum(sources, axis=1)                                     # (batch, A)
+    order = (ops.cumsum(kept, axis=1) - 1) * kept
+    placement = ops.cast(kept[..., None] * one_hot(order, a_count - r),     # (batch, A, A-r)
+                         "float32")
 
     def merge(values):
         a, b = values[:, 0::2], values[:, 1::2]
         unmerged = ops.einsum("bik,bic->bkc", placement, a)
         b = b + ops.einsum("bij,bic->bjc", transfer, a)
-        return ops.concatenate([values[:, :prefix], unmerged[:, (prefix + 1) // 2:],
-                                b[:, prefix // 2:]], axis=1)
+        parts = [values[:, :prefix], unmerged[:, (prefix + 1) // 2:], b[:, prefix // 2:]]
+        # No empty piece (no prefix): LiteRT's XNNPACK delegate fails on zero-size tensors.
+        return ops.concatenate([part for part in parts if part.shape[1]], axis=1)
 
     weighted = merge(ops.cast(x, "float32") * sizes)
     sizes = merge(sizes)
@@ -104,7 +118,7 @@ def class_attention_prune(x, sizes, probabilities, keep: int, prefix: int):
     """
     attention = ops.mean(ops.cast(probabilities[:, :, 0, prefix:], "float32"), axis=1)
     _, chosen = ops.top_k(attention, keep)
-    dropped = 1.0 - ops.sum(ops.one_hot(chosen, x.shape[1] - prefix), axis=1)
+    dropped = ops.cast(1 - ops.sum(one_hot(chosen, x.shape[1] - prefix), axis=1), "float32")
 
     def reorganise(values, weights):
         rest = values[:, prefix:]

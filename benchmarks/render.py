@@ -276,21 +276,25 @@ def token_speed_rows(reports: list[dict]) -> list[dict]:
              "tokens": ", ".join(map(str, row["tokens_per_block"])),
              **{name: times(row[name]) for name in ("flop_ratio", "speedup", "latency_speedup")},
              **litert_cells(row, "float32"), **litert_cells(row, "int8"),
-             "int8_vs_keras": "not run" if row["int8_over_keras"] is None
-             else f"{row['int8_over_keras'] - 1:+.0%}"}
+             "int8_top1_agreement": row.get("int8_top1_agreement"),
+             "int8_vs_keras": "fails" if row.get("litert_int8_error") else "not run"
+             if row["int8_over_keras"] is None else f"{row['int8_over_keras'] - 1:+.0%}"}
             for row in reports[1]["rows"]]
 
 
 def token_tradeoff_rows(reports: list[dict]) -> list[dict]:
     """Each accuracy row of benchmarks.token_budget beside the speed of its model (the
-    Fashion-MNIST rows of the speed report; an off-the-shelf pruning row has the shapes, so
-    the speed, of the fine-tuned one), and its accuracy change from the unreduced model's in
+    Fashion-MNIST rows of the speed report, timed with the fine-tuned weights; an off-the-shelf
+    pruning row has the shapes, so the speed, of the fine-tuned one, but not its weights, so
+    no int8 agreement of its own), and its accuracy change from the unreduced model's in
     points."""
     accuracy = reports[0]
     speed = {row["label"]: row for row in token_speed_rows(reports)
              if row["model"].startswith("fashion_mnist")}
     base = next(row for row in accuracy["rows"] if row["method"] == "none")
     return [{**speed[row["label"]], **row,
+             **({"int8_top1_agreement": ""} if row["method"] == "EViT"
+                and row["training"] == "off the shelf" else {}),
              **{f"{split}_change": 100 * (row[f"{split}_accuracy"] - base[f"{split}_accuracy"])
                 for split in ("validation", "test")}} for row in accuracy["rows"]]
 
@@ -431,6 +435,7 @@ BLOCKS = {
             ("FLOPs", "{flop_ratio}"), ("Keras img/s", "{infer_images_s:rate}"),
             ("throughput", "{speedup}"), ("LiteRT int8 (batch 1)", "{litert_int8_speedup}"),
             ("int8 vs Keras", "{int8_vs_keras}"),
+            ("int8 top-1 agreement", "{int8_top1_agreement:.0%}"),
             ("validation", "{validation_accuracy:.2%}"),
             ("change (points)", "{validation_change:+.2f}"), ("test", "{test_accuracy:.2%}"),
             ("change (points)", "{test_change:+.2f}")),
@@ -442,7 +447,7 @@ BLOCKS = {
             ("Machine", "{machine}")), lambda reports: [reports[1]], line=True),
         Spec(TOKENS, (
             ("model", "{model}"), ("method", "{method}"), ("r or keep rate", "{amount_text}"),
-            ("tokens out of each block", "{tokens}"), ("GFLOP/image", "{gflops_per_image:.3g}"),
+            ("tokens out of each block", "{tokens}"), ("GFLOP/image", "{gflops_per_image:#.3g}"),
             ("FLOPs", "{flop_ratio}"), ("batch", "{batch}"), ("img/s", "{infer_images_s:rate}"),
             ("throughput", "{speedup}"), ("latency ms (batch 1)", "{latency_ms:.1f}"),
             ("latency", "{latency_speedup}"), ("LiteRT float32 ms", "{litert_float32_ms}"),

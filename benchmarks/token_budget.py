@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def smoke(args) -> None:
+    """--smoke's settings, in place."""
     args.image_size, args.limit, args.r, args.keep_rates = 28, 64, [4], [0.5]
     args.variants, args.litert_variants, args.variant_r = ["smoke"], [], [2]
     args.variant_image_size, args.variant_batch, args.batch = SMOKE_IMAGE_SIZE, [2], 2
@@ -279,6 +280,7 @@ def fashion_images(args, count: int) -> np.ndarray:
 
 
 def variant_models(variant: str, image_size: int, r_values, keep_rates) -> dict:
+    """The variant's rows' models by label, with random weights shared by all."""
     config, image_size = model_spec(variant, image_size)
     base = vk.vit(config, image_size=image_size, num_classes=1000)
     return {row_label(row): (row, reduce(base, row))
@@ -387,8 +389,7 @@ def run_speed(args) -> dict:
     sample = fashion_images(args, AGREEMENT_IMAGES)
     tensorflow = keras.backend.backend() == "tensorflow"
     rows = speed_rows(f"fashion_mnist_p4, {args.image_size} px (fine-tuned)", model_config(run),
-                      fashion,
-                      args.image_size, args.batch, args,
+                      fashion, args.image_size, args.batch, args,
                       litert=(os.path.join(args.out, "exports", "fashion_mnist"), sample,
                               sample[:64]) if tensorflow else None)
     batches = dict(zip(args.variants, args.variant_batch * len(args.variants)
@@ -410,14 +411,13 @@ def run_speed(args) -> dict:
     return {"machine": describe_machine(), "backend": keras.backend.backend(),
             "jit_compile": "auto", "repeats": args.repeats, "warmup": args.warmup,
             "min_sample_s": args.min_sample, "litert_threads": "the interpreter's default",
-            "fine_tuned_from": run.run_dir, "rows": rows}
+            "fine_tuned_in": args.out, "rows": rows}
 
 
 def memory_child(spec: dict) -> dict:
     """The first inference call's peak memory of one variant row, in this process alone."""
-    models = variant_models(spec["variant"], spec["image_size"], [], [])
-    model = reduce(models["none"][1], {"method": spec["method"], "amount": spec["amount"]})
-    size = model_spec(spec["variant"], spec["image_size"])[1]
+    config, size = model_spec(spec["variant"], spec["image_size"])
+    model = reduce(vk.vit(config, image_size=size, num_classes=1000), spec)
     runner = keras_runner(lambda: model, size, "float32", spec["batch"])
     return peak_memory_of(runner, train=False)
 
@@ -426,8 +426,9 @@ def memory_child(spec: dict) -> dict:
 
 def plot(json_dir: str) -> str | None:
     """Validation accuracy against the Keras throughput speed-up of the Fashion-MNIST rows,
-    merging and pruning on the same axes, from the reports in json_dir, as tradeoff.png;
-    None (and a line saying so) where matplotlib is not installed."""
+    merging off the shelf and pruning fine-tuned on the same axes (off-the-shelf pruning, far
+    below, is in the table only), from the reports in json_dir, as tradeoff.png; None (and a
+    line saying so) where matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -444,24 +445,25 @@ def plot(json_dir: str) -> str | None:
                 if row["model"].startswith("fashion_mnist")}
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     base = next(row for row in accuracy["rows"] if row["method"] == "none")
-    series = {("ToMe", "off the shelf"): "o-", ("EViT", "fine-tuned"): "s-",
-              ("EViT", "off the shelf"): "s:"}
-    for (method, training), style in series.items():
+    for method, training, style in (("ToMe", "off the shelf", "o-"),
+                                    ("EViT", "fine-tuned", "s-")):
         rows = [base] + [row for row in accuracy["rows"]
                          if row["method"] == method and row["training"] == training]
         axes.plot([speedups[row["label"]] for row in rows],
                   [100 * row["validation_accuracy"] for row in rows], style,
                   label=f"{method} ({training})")
         for row in rows[1:]:
-            axes.annotate(str(row["amount"]), (speedups[row["label"]],
-                                               100 * row["validation_accuracy"]),
+            axes.annotate(row["label"].split(" ", 1)[1],
+                          (speedups[row["label"]], 100 * row["validation_accuracy"]),
                           textcoords="offset points", xytext=(4, 4), fontsize=7)
+    axes.plot([1.0], [100 * base["validation_accuracy"]], "k*", markersize=10,
+              label="unreduced")
     axes.axvline(1.5, color="grey", lw=0.8, ls="--")
     axes.axhline(100 * base["validation_accuracy"] - 0.5, color="grey", lw=0.8, ls="--")
     axes.set_xlabel("throughput over the unreduced model (Keras, batch "
                     f"{speed['rows'][0]['batch']})")
     axes.set_ylabel("validation accuracy (%)")
-    axes.set_title(f"Fashion-MNIST, {accuracy['image_size']} px, 196 patches: the aim is "
+    axes.set_title(f"Fashion-MNIST at {accuracy['image_size']} px (196 patches): the aim is "
                    "right of and above the dashed lines", fontsize=9)
     axes.legend(fontsize=8)
     figure.tight_layout()

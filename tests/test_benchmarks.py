@@ -749,7 +749,7 @@ def test_token_budget_smoke_run_scores_and_times_every_row_and_renders_them(tmp_
     for (model, _), row in rows.items():
         none = rows[(model, "none")]  # every ratio is to the unreduced model of its run
         assert row["infer_images_s"] > 0 and row["latency_ms"] > 0
-        assert row["speedup"] == row["infer_images_s"] / none["infer_images_s"]
+        assert row["speedup"] == pytest.approx(row["infer_images_s"] / none["infer_images_s"])
         # peak memory for the variants, LiteRT for the fine-tuned model (--smoke exports no
         # variant)
         assert (row["infer_peak_mib"] is not None) == (model == "smoke")
@@ -761,7 +761,8 @@ def test_token_budget_smoke_run_scores_and_times_every_row_and_renders_them(tmp_
         assert (row["litert_int8_ms"] or 0) > 0 or row["litert_int8_error"]
         if row["litert_int8_ms"]:
             assert 0 <= row["int8_top1_agreement"] <= 1
-            assert row["litert_int8_speedup"] == none["litert_int8_ms"] / row["litert_int8_ms"]
+            assert row["litert_int8_speedup"] == pytest.approx(
+                none["litert_int8_ms"] / row["litert_int8_ms"])
     text = "\n\n".join(spec.render([accuracy, speed]) for spec in
                        render.BLOCKS["token-budget"])
     assert "| none | 0 / 1.0 | fine-tuned | 50, 50, 50, 50 | 1.00x |" in text

@@ -69,10 +69,11 @@ def memory_child(spec: dict, options: dict) -> dict:
             **peak_memory_of(runner, spec["train"])}
 
 
-def run_child(spec: dict, options: dict) -> dict:
-    """memory_child in a fresh `python -m benchmarks.bench` process."""
+def run_child(spec: dict, options: dict, module: str = "benchmarks.bench") -> dict:
+    """The memory child of `module` (benchmarks.bench's memory_child by default) in a fresh
+    `python -m module --memory-child` process; its last line of output is the result."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.bench", "--memory-child",
+        [sys.executable, "-m", module, "--memory-child",
          json.dumps({"spec": spec, "options": options})],
         capture_output=True, text=True, cwd=ROOT, check=False)
     if done.returncode:

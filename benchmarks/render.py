@@ -253,6 +253,52 @@ def input_size_rows(reports: list[dict]) -> list[dict]:
              else f"{row['largest_batch_projected']:,}"} for row in report["rows"]]
 
 
+def times(value: float | None) -> str:
+    """A ratio as "1.52x"; "not run" where it was not measured."""
+    return "not run" if value is None else f"{value:.2f}x"
+
+
+def litert_cells(row: dict, engine: str) -> dict:
+    """A token_budget speed row's LiteRT milliseconds and speed-up for engine ("float32",
+    "int8") as text: "fails" where LiteRT could not run the file (speed.json says why)."""
+    key = f"litert_{engine}"
+    if row.get(f"{key}_error"):
+        return {f"{key}_ms": "fails", f"{key}_speedup": "fails"}
+    ms = row.get(f"{key}_ms")
+    return {f"{key}_ms": "not run" if ms is None else f"{ms:.2f}",
+            f"{key}_speedup": times(row.get(f"{key}_speedup"))}
+
+
+def token_speed_rows(reports: list[dict]) -> list[dict]:
+    """benchmarks.token_budget's speed rows (reports: [accuracy, speed]) with their ratios as
+    text and the tokens each block outputs as a list."""
+    return [{**row, "amount_text": "0 / 1.0" if row["amount"] is None else row["amount"],
+             "tokens": ", ".join(map(str, row["tokens_per_block"])),
+             **{name: times(row[name]) for name in ("flop_ratio", "speedup", "latency_speedup")},
+             **litert_cells(row, "float32"), **litert_cells(row, "int8"),
+             "int8_top1_agreement": row.get("int8_top1_agreement"),
+             "int8_vs_keras": "fails" if row.get("litert_int8_error") else "not run"
+             if row["int8_over_keras"] is None else f"{row['int8_over_keras'] - 1:+.0%}"}
+            for row in reports[1]["rows"]]
+
+
+def token_tradeoff_rows(reports: list[dict]) -> list[dict]:
+    """Each accuracy row of benchmarks.token_budget beside the speed of its model (the
+    Fashion-MNIST rows of the speed report, timed with the fine-tuned weights; an off-the-shelf
+    pruning row has the shapes, so the speed, of the fine-tuned one, but not its weights, so
+    no int8 agreement of its own), and its accuracy change from the unreduced model's in
+    points."""
+    accuracy = reports[0]
+    speed = {row["label"]: row for row in token_speed_rows(reports)
+             if row["model"].startswith("fashion_mnist")}
+    base = next(row for row in accuracy["rows"] if row["method"] == "none")
+    return [{**speed[row["label"]], **row,
+             **({"int8_top1_agreement": ""} if row["method"] == "EViT"
+                and row["training"] == "off the shelf" else {}),
+             **{f"{split}_change": 100 * (row[f"{split}_accuracy"] - base[f"{split}_accuracy"])
+                for split in ("validation", "test")}} for row in accuracy["rows"]]
+
+
 def minutes(rows: Callable[[list], list[dict]]) -> Callable[[list], list[dict]]:
     """rows with each row's fit_seconds in minutes."""
     return lambda reports: [{**row, "minutes": row["fit_seconds"] / 60} for row in rows(reports)]
@@ -264,6 +310,7 @@ def backend_line(path: str, **extra: str) -> Spec:
 
 REFERENCE = ("docs/mainjob/seeds.json",)  # the Fashion-MNIST reference run's seeds
 PAPER = "docs/paper/{}.json"
+TOKENS = ("docs/tokens/accuracy.json", "docs/tokens/speed.json")  # benchmarks.token_budget
 BLOCKS = {
     "pretrained": pretrained_table,
     "readmemainjob": (Spec(REFERENCE, (
@@ -373,6 +420,41 @@ BLOCKS = {
             ("forward MFLOP per image", "{forward_mflop_per_image:.1f}"), ("epochs", "{epochs}"),
             ("training compute", "{training_cost:.2f}x"), ("test accuracy", "{test_accuracy:.2%}"),
             ("minutes in model.fit", "{minutes:.1f}")), minutes(each("runs")))),
+    "token-budget": (
+        Spec(TOKENS, (
+            ("Accuracy", "{backend} backend, fine-tuned from `{model}` at {image_size} px "
+                         "with a class token added"),
+            ("recipe", "`{recipe}`, peak learning rate {learning_rate}, batch {batch_size}, "
+                       "no patch dropout"), ("epochs", "{epochs}"),
+            ("validation", "the last {validation_images:,} training images"),
+            ("test", "{test_images:,} images"), ("Machine", "{machine}")),
+            lambda reports: [reports[0]], line=True),
+        Spec(TOKENS, (
+            ("method", "{method}"), ("r or keep rate", "{amount_text}"),
+            ("weights", "{training}"), ("tokens out of each block", "{tokens}"),
+            ("FLOPs", "{flop_ratio}"), ("Keras img/s", "{infer_images_s:rate}"),
+            ("throughput", "{speedup}"), ("LiteRT int8 (batch 1)", "{litert_int8_speedup}"),
+            ("int8 vs Keras", "{int8_vs_keras}"),
+            ("int8 top-1 agreement", "{int8_top1_agreement:.0%}"),
+            ("validation", "{validation_accuracy:.2%}"),
+            ("change (points)", "{validation_change:+.2f}"), ("test", "{test_accuracy:.2%}"),
+            ("change (points)", "{test_change:+.2f}")),
+            token_tradeoff_rows),
+        Spec(TOKENS, (
+            ("Speed", "{backend} backend (jit_compile {jit_compile}), the median of {repeats} "
+                      "samples of at least {min_sample_s} s after {warmup} warm-up, every "
+                      "model of a table in turns; LiteRT with {litert_threads} threads"),
+            ("Machine", "{machine}")), lambda reports: [reports[1]], line=True),
+        Spec(TOKENS, (
+            ("model", "{model}"), ("method", "{method}"), ("r or keep rate", "{amount_text}"),
+            ("tokens out of each block", "{tokens}"), ("GFLOP/image", "{gflops_per_image:#.3g}"),
+            ("FLOPs", "{flop_ratio}"), ("batch", "{batch}"), ("img/s", "{infer_images_s:rate}"),
+            ("throughput", "{speedup}"), ("latency ms (batch 1)", "{latency_ms:.1f}"),
+            ("latency", "{latency_speedup}"), ("LiteRT float32 ms", "{litert_float32_ms}"),
+            ("float32", "{litert_float32_speedup}"), ("LiteRT int8 ms", "{litert_int8_ms}"),
+            ("int8", "{litert_int8_speedup}"),
+            ("int8 top-1 agreement", "{int8_top1_agreement:.0%}"),
+            ("peak MiB (first call)", "{infer_peak_mib:,.0f}")), token_speed_rows)),
     "inputsize": (
         backend_line(PAPER.format("input_size"), **{
             "inference batch": "{batch}", "calls timed (median)": "{repeats}",

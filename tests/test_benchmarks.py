@@ -8,7 +8,7 @@ import keras
 import pytest
 
 from benchmarks import SMOKE_MODEL
-from tests.conftest import backend_independent, claim_run
+from tests.conftest import backend_independent, claim_run, in_tensorflow_pass
 
 ROOT = Path(__file__).parents[1]
 
@@ -702,3 +702,70 @@ def test_generated_blocks_on_the_pages_are_current_and_an_unknown_block_fails_lo
         render.render("<!-- benchgpu:begin -->\n<!-- benchgpu:end -->\n", "page.md")
     with pytest.raises(ValueError, match=r"\['bench'\] have a begin marker without"):
         render.render("<!-- bench:begin -->\nno end\n", "page.md")
+
+
+@backend_independent
+def test_token_budget_flops_count_attention_on_the_tokens_in_and_the_mlp_on_those_kept():
+    import vit_keras as vk
+    from benchmarks import runners, token_budget
+
+    b16 = vk.get_config("B/16")  # no reduction: the ViT's own count
+    assert token_budget.forward_flops(b16, 224, [197] * 12, False, 1000) == (
+        runners.forward_flops(b16, 224))
+    # Counted by hand: width 4, MLP 8, 2 heads, 8x8 patches of a 16 px RGB image (4 patches and
+    # the class token), 10 classes. Embedding 4*64*3*4 = 3072 and head 4*10 = 40; block 0 takes
+    # 5 tokens and keeps 3: 4*5*16 + 2*25*4 + 2*3*4*8 = 712, and merging compares its 3 A keys
+    # with its 2 B keys of width 2: 12; block 1 takes and keeps 3: 4*3*16 + 2*9*4 + 2*3*32 = 456.
+    tiny = vk.ViTConfig(hidden_size=4, mlp_dim=8, num_heads=2, num_layers=2, patch_size=8)
+    assert token_budget.forward_flops(tiny, 16, [3, 3], True, 10) == 2 * (3072 + 40 + 724 + 456)
+    assert token_budget.forward_flops(tiny, 16, [3, 3], False, 10) == 2 * (3072 + 40 + 712 + 456)
+
+
+@in_tensorflow_pass  # the speed part exports TFLite files, which needs TensorFlow
+def test_token_budget_smoke_run_scores_and_times_every_row_and_renders_them(tmp_path):
+    from benchmarks import render, token_budget
+
+    out = tmp_path / "tokens"
+    reports = token_budget.main(["--smoke", "--out", str(tmp_path / "runs"),
+                                 "--json-dir", str(out)])
+    accuracy, speed = reports["accuracy.json"], reports["speed.json"]
+    assert [(row["label"], row["training"]) for row in accuracy["rows"]] == [
+        ("none", "fine-tuned"), ("ToMe r=4", "off the shelf"),
+        ("EViT keep 0.5", "fine-tuned"), ("EViT keep 0.5", "off the shelf")]
+    # 28 px: 49 patches and the class token in 4 blocks. ToMe merges 4 in each; EViT keeps
+    # ceil(half) of the patches at blocks 1, 2 and 3 and fuses the rest into one token.
+    tokens = {"none": [50] * 4, "ToMe r=4": [46, 42, 38, 34], "EViT keep 0.5": [50, 27, 15, 9]}
+    for row in accuracy["rows"]:
+        assert row["tokens_per_block"] == tokens[row["label"]]
+        assert 0 <= row["validation_accuracy"] <= 1 and 0 <= row["test_accuracy"] <= 1
+    assert accuracy["validation_images"] == accuracy["test_images"] == 64
+    # the speed rows: the fine-tuned model's, then the smoke model's at 32 px (16 patches and
+    # the class token in 2 blocks, pruned at both)
+    rows = {(row["model"].split(",")[0], row["label"]): row for row in speed["rows"]}
+    assert {key: row["tokens_per_block"] for key, row in rows.items()} == {
+        **{("fashion_mnist_p4", label): counts for label, counts in tokens.items()},
+        ("smoke", "none"): [17, 17], ("smoke", "ToMe r=2"): [15, 13],
+        ("smoke", "EViT keep 0.5"): [10, 7]}
+    for (model, _), row in rows.items():
+        none = rows[(model, "none")]  # every ratio is to the unreduced model of its run
+        assert row["infer_images_s"] > 0 and row["latency_ms"] > 0
+        assert row["speedup"] == pytest.approx(row["infer_images_s"] / none["infer_images_s"])
+        # peak memory for the variants, LiteRT for the fine-tuned model (--smoke exports no
+        # variant)
+        assert (row["infer_peak_mib"] is not None) == (model == "smoke")
+        if model == "smoke":
+            assert row.get("litert_float32_ms") is None
+            continue
+        assert row["litert_float32_ms"] > 0
+        # an int8 file LiteRT cannot run is reported (the table says "fails"), not timed
+        assert (row["litert_int8_ms"] or 0) > 0 or row["litert_int8_error"]
+        if row["litert_int8_ms"]:
+            assert 0 <= row["int8_top1_agreement"] <= 1
+            assert row["litert_int8_speedup"] == pytest.approx(
+                none["litert_int8_ms"] / row["litert_int8_ms"])
+    text = "\n\n".join(spec.render([accuracy, speed]) for spec in
+                       render.BLOCKS["token-budget"])
+    assert "| none | 0 / 1.0 | fine-tuned | 50, 50, 50, 50 | 1.00x |" in text
+    assert "| EViT | 0.5 | off the shelf | 50, 27, 15, 9 |" in text
+    assert "| smoke, 32 px (random weights) | ToMe | 2 | 15, 13 |" in text
+    assert (out / "tradeoff.png").stat().st_size > 0

@@ -722,6 +722,8 @@ def test_token_budget_flops_count_attention_on_the_tokens_in_and_the_mlp_on_thos
 
 
 @in_tensorflow_pass  # the speed part exports TFLite files, which needs TensorFlow
+@pytest.mark.over_budget(reason="the token budget benchmark's one smoke run, run once: two "
+                         "fine-tunes, TFLite exports and peak-memory child processes")
 def test_token_budget_smoke_run_scores_and_times_every_row_and_renders_them(tmp_path):
     from benchmarks import render, token_budget
 

@@ -108,12 +108,14 @@ def images(batch=2, height=32, width=32, seed=1):
     return rng.uniform(-1, 1, (batch, height, width, 3)).astype("float32")
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _imports_out_of_the_collectors_way():
-    """Moves what the collected modules have imported (the frameworks, timm, the tests) out of
-    the garbage collector's reach; it lives as long as the process anyway. The full collection
-    that keras.backend.clear_session runs after every test then walks only what the tests
-    made, instead of the frameworks' objects as well, a walk that cost more than many a test."""
+@pytest.fixture(autouse=True, scope="module")
+def _long_lived_objects_out_of_the_collectors_way():
+    """At each test module's start, before its own fixtures, moves what is alive (the
+    frameworks and what they have loaded since, timm, the test modules) out of the garbage
+    collector's reach, once the garbage of the modules before is collected: it lives as long
+    as the process. The full collection that keras.backend.clear_session runs after every
+    test then walks only what this module's tests made, instead of the frameworks' objects as
+    well, a walk that cost more than many a test."""
     gc.collect()
     gc.freeze()
 

@@ -144,9 +144,6 @@ class Reduction:
     count: object
     apply: object
 
-    def tokens_after(self, tokens: int, prefix: int, amount) -> int:
-        return self.count(tokens, prefix, amount)
-
 
 REDUCTIONS = {
     "merge": Reduction(
@@ -210,7 +207,7 @@ class ReducedBlock(keras.layers.Wrapper):
 
     def tokens_after(self, tokens: int) -> int:
         """The tokens this block outputs for that many in."""
-        return self.reduction.tokens_after(tokens, self.num_prefix_tokens, self.amount)
+        return self.reduction.count(tokens, self.num_prefix_tokens, self.amount)
 
     def call(self, tokens, sizes=None, training=None):
         block, count = self.layer, tokens.shape[1]

@@ -14,6 +14,7 @@ import vit_keras as vk
 from apps import train as train_app
 from apps.common import run
 from tests.conftest import TINY, backend_independent, images, randomize
+from tests.conftest import TINY_FLAGS as TINY_VIT_FLAGS
 from tests.test_training import FASHION_MNIST, TINY_FLAGS
 from vit_keras import configs, distillation, training
 
@@ -280,3 +281,27 @@ def test_bad_teacher_flags_are_refused_in_one_line(tmp_path, flags, message, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"error: {message.format(**names)}" in err
     assert not (tmp_path / "run").exists()
+
+
+@backend_independent
+def test_finetune_teaches_from_a_teacher_of_another_size_and_refuses_a_token_it_cannot_load(
+        tmp_path):
+    from apps import finetune
+    from tests import official_layout
+    from tests.test_apps import write_images
+
+    params = official_layout.random_checkpoint(np.random.default_rng(5), grid=(4, 4), classes=9)
+    np.savez(tmp_path / "pretrained.npz", **params)
+    write_images(tmp_path / "images", 8, 48, seed=6)
+    vk.vit(TINY, image_size=32, num_classes=2).save(tmp_path / "teacher.keras")
+    argv = [str(tmp_path / "pretrained.npz"), *TINY_VIT_FLAGS, "--classifier", "token", "--posemb",
+            "learned", "--image-size", "48", "--folder", str(tmp_path / "images"), "--epochs",
+            "1", "--batch-size", "4", "--teacher", str(tmp_path / "teacher.keras"),
+            "--distillation", "soft"]
+    with pytest.warns(UserWarning, match="zero-initialised"):
+        result = finetune.main([*argv, "--run-dir", str(tmp_path / "run")])
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert result["epochs"] == 1 and "distillation_loss" in history["0"]
+    with pytest.raises(ValueError, match="the model has DeiT's distillation token "
+                                         r"\('dist_token/tokens'\), the checkpoint has not"):
+        finetune.main([*argv, "--distillation-token", "--run-dir", str(tmp_path / "token")])

@@ -15,13 +15,14 @@ import time
 import keras
 from keras import ops
 
-from vit_keras import compat, configs, distribute, kernels
-from vit_keras.weights.files import portable_jit_compile
+from vit_keras import compat, configs, distillation, distribute, kernels
+from vit_keras.weights.files import load_model, portable_jit_compile
 
-__all__ = ["RECIPES", "FinalPatchDropRate", "HistoryFile", "KeptCheckpoints", "LayerwiseAdamW",
-           "LayerwiseRates", "LayerwiseSGD", "Recipe", "WarmupSchedule", "callbacks",
-           "compile_model", "layer_rates", "make_optimizer", "patch_drop_callbacks",
-           "pipeline_options", "save_public_optimizer", "train", "with_options"]
+__all__ = ["RECIPES", "FinalPatchDropRate", "HistoryFile", "KeptCheckpoints", "LastModel",
+           "LayerwiseAdamW", "LayerwiseRates", "LayerwiseSGD", "Recipe", "WarmupSchedule",
+           "callbacks", "compile_distiller", "compile_model", "layer_rates", "make_optimizer",
+           "patch_drop_callbacks", "pipeline_options", "save_public_optimizer", "train",
+           "with_options"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +66,18 @@ class Recipe:
         layer_decay: fine-tuning's layer-wise rate decay (layer_rates): block i's rate times
             decay^(depth - i); None or 1 for none.
         head_lr_multiplier: fine-tuning: the head's rate times this.
+        distillation: train with a teacher, DeiT's "hard" or "soft" objective
+            (vit_keras.distillation); None for none.
+        distillation_token: the student has DeiT's distillation token (vk.vit(distilled=True))
+            and its head takes the teacher's term.
+        distillation_temperature: soft distillation's tau.
+        distillation_weight: soft distillation's lambda, the teacher term's weight.
+        teacher: the teacher's .keras file, loaded by train() where no teacher model is given.
         source: where the recipe comes from (a paper and its table).
 
     Raises:
-        ValueError: layer_decay outside (0, 1], or head_lr_multiplier not positive.
+        ValueError: layer_decay outside (0, 1], head_lr_multiplier not positive, or an
+            unknown distillation.
     """
 
     optimizer: str
@@ -95,6 +104,11 @@ class Recipe:
     test_time_flip: bool = False
     layer_decay: float | None = None
     head_lr_multiplier: float = 1.0
+    distillation: str | None = None
+    distillation_token: bool = False
+    distillation_temperature: float = 3.0
+    distillation_weight: float = 0.1
+    teacher: str | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -105,6 +119,12 @@ class Recipe:
         if not (_is_number(self.head_lr_multiplier) and self.head_lr_multiplier > 0):
             raise ValueError(f"head_lr_multiplier {self.head_lr_multiplier!r}: expected a "
                              "positive number (1: the head trains at the base rate)")
+        if self.distillation not in (None, *distillation.KINDS):
+            raise ValueError(f"distillation {self.distillation!r}: expected one of "
+                             f"{', '.join(distillation.KINDS)}, or None for none")
+        if self.distillation_token and not self.distillation:
+            raise ValueError("distillation_token=True needs a distillation ('hard' or 'soft'): "
+                             "the token's head learns from the teacher")
 
 
 def _is_number(value) -> bool:
@@ -441,6 +461,58 @@ def compile_model(model: keras.Model, recipe: Recipe, total_steps: int,
     return portable_jit_compile(save_public_optimizer(model))
 
 
+def compile_distiller(model: keras.Model, recipe: Recipe, total_steps: int,
+                      learning_rate: float | None = None, teacher: keras.Model | None = None,
+                      jit_compile: bool | str = "auto",
+                      steps_per_execution: int = 1) -> keras.distillation.Distiller:
+    """The keras.distillation.Distiller that trains `model` with the recipe's teacher term
+    (vit_keras.distillation.distiller), compiled as compile_model compiles a classifier: the
+    recipe's optimizer over the model's weights, the label term on the class head with the
+    recipe's label smoothing, and top-1 and top-5 accuracy of what the model answers with.
+
+    Args:
+        model: the vk.vit student; distilled=True exactly when recipe.distillation_token.
+        recipe: a training recipe with a distillation.
+        total_steps: the steps of the run, for the schedule.
+        learning_rate: overrides the recipe's peak rate.
+        teacher: the teacher; None to load recipe.teacher's .keras file.
+        jit_compile: model.compile's.
+        steps_per_execution: model.compile's.
+
+    Returns:
+        The compiled Distiller: fit it; `model` holds the trained weights.
+
+    Raises:
+        ValueError: a recipe without distillation or teacher, or a model whose distillation
+            token does not match the recipe's.
+    """
+    if not recipe.distillation:
+        raise ValueError("compile_distiller needs a recipe with distillation 'hard' or 'soft'")
+    if recipe.distillation_token != distillation.has_distillation_token(model):
+        raise ValueError(f"the recipe's distillation_token is {recipe.distillation_token} but "
+                         f"the model {model.name!r} "
+                         f"{'has' if not recipe.distillation_token else 'has no'} "
+                         "distillation token: expected vk.vit(..., distilled="
+                         f"{recipe.distillation_token})")
+    if teacher is None:
+        if recipe.teacher is None:
+            raise ValueError(f"distillation {recipe.distillation!r} needs a teacher: pass one, "
+                             "or name its .keras file in the recipe's teacher")
+        teacher = load_model(recipe.teacher, compile=False)
+    distiller = distillation.distiller(model, teacher, recipe.distillation,
+                                       recipe.distillation_temperature,
+                                       recipe.distillation_weight)
+    distiller.compile(
+        optimizer=make_optimizer(recipe, model, total_steps, learning_rate),
+        loss=distillation.ClassHeadLoss(recipe.label_smoothing),
+        metrics=[keras.metrics.MeanMetricWrapper(distillation.served_accuracy, name="accuracy"),
+                 keras.metrics.MeanMetricWrapper(distillation.served_top5, name="top5")],
+        jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )
+    return distiller
+
+
 def save_public_optimizer(model: keras.Model) -> keras.Model:
     """The compiled model, its saved compile state naming the optimizer's public Keras class.
     On PyTorch, Keras swaps in a class of its torch backend and saves that module's name; a
@@ -511,25 +583,55 @@ class HistoryFile(keras.callbacks.Callback):
         os.replace(tmp, os.path.splitext(self.path)[0] + ".csv")
 
 
-class KeptCheckpoints(keras.callbacks.Callback):
+class _SavesModel(keras.callbacks.Callback):
+    """A callback that writes a model file: of the model fit trains, or of `saved` where
+    given (a distiller's student, without its teacher)."""
+
+    def __init__(self, saved: keras.Model | None = None):
+        super().__init__()
+        self.saved = saved
+
+    def model_to_save(self) -> keras.Model:
+        fitted = self.model  # on JAX, reading it writes the trained state into the variables
+        return fitted if self.saved is None else self.saved
+
+
+class LastModel(_SavesModel):
+    """The model after each epoch as one file, replaced each epoch.
+
+    Args:
+        path: the .keras file.
+        saved: the model to save; None for the model fit trains.
+    """
+
+    def __init__(self, path: str, saved: keras.Model | None = None):
+        super().__init__(saved)
+        self.path = path
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model_to_save().save(self.path)
+
+
+class KeptCheckpoints(_SavesModel):
     """The model after each epoch as folder/epoch-NNN.keras (epochs counted from 1), the
     newest `keep` of them kept and older ones removed, across resumed runs too.
 
     Args:
         folder: where the checkpoints go.
         keep: how many of the newest to keep, at least 1.
+        saved: the model to save; None for the model fit trains.
 
     Raises:
         ValueError: keep below 1 or not a whole number.
     """
 
-    def __init__(self, folder: str, keep: int):
-        super().__init__()
+    def __init__(self, folder: str, keep: int, saved: keras.Model | None = None):
+        super().__init__(saved)
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep_checkpoints {keep!r}: expected a whole number of at least 1")
         self.folder, self.keep = folder, keep
 
-    def saved(self) -> list[str]:
+    def saved_files(self) -> list[str]:
         """The checkpoints in the folder, oldest first."""
         found = [name for name in os.listdir(self.folder)
                  if re.fullmatch(r"epoch-\d+\.keras", name)] if os.path.isdir(self.folder) else []
@@ -538,8 +640,8 @@ class KeptCheckpoints(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         os.makedirs(self.folder, exist_ok=True)
-        self.model.save(os.path.join(self.folder, f"epoch-{epoch + 1:03d}.keras"))
-        for path in self.saved()[:-self.keep]:
+        self.model_to_save().save(os.path.join(self.folder, f"epoch-{epoch + 1:03d}.keras"))
+        for path in self.saved_files()[:-self.keep]:
             os.remove(path)
 
 
@@ -596,8 +698,8 @@ def patch_drop_callbacks(recipe: Recipe, model: keras.Model,
                                epochs - recipe.final_patch_drop_epochs)]
 
 
-def callbacks(run_dir: str, tensorboard: bool = True,
-              keep_checkpoints: int = 1) -> list[keras.callbacks.Callback]:
+def callbacks(run_dir: str, tensorboard: bool = True, keep_checkpoints: int = 1,
+              saved: keras.Model | None = None) -> list[keras.callbacks.Callback]:
     """Checkpoint, resume, logs and NaN guard for a run kept in run_dir: last.keras is the
     latest epoch's model; keep_checkpoints above 1 also keeps the last that many epochs' models
     in run_dir/checkpoints (KeptCheckpoints). Resuming reads run_dir/backup.
@@ -606,10 +708,11 @@ def callbacks(run_dir: str, tensorboard: bool = True,
         run_dir: the run's folder, made if missing.
         tensorboard: also write TensorBoard logs to run_dir/logs.
         keep_checkpoints: the epochs whose models the run keeps.
+        saved: the model the model files hold; None for the model fit trains.
 
     Returns:
         The callbacks for model.fit: TerminateOnNaN, HistoryFile, BackupAndRestore,
-        ModelCheckpoint, and KeptCheckpoints and TensorBoard where asked.
+        LastModel, and KeptCheckpoints and TensorBoard where asked.
     """
     os.makedirs(run_dir, exist_ok=True)
     found = [
@@ -619,10 +722,11 @@ def callbacks(run_dir: str, tensorboard: bool = True,
         # resume from (seen here: SIGKILL mid-save left an unreadable .h5).
         keras.callbacks.BackupAndRestore(os.path.join(run_dir, "backup"),
                                          double_checkpoint=True),
-        keras.callbacks.ModelCheckpoint(os.path.join(run_dir, "last.keras")),
+        LastModel(os.path.join(run_dir, "last.keras"), saved),
     ]
     if keep_checkpoints != 1:
-        found.append(KeptCheckpoints(os.path.join(run_dir, "checkpoints"), keep_checkpoints))
+        found.append(KeptCheckpoints(os.path.join(run_dir, "checkpoints"), keep_checkpoints,
+                                     saved))
     if tensorboard:
         found.append(keras.callbacks.TensorBoard(os.path.join(run_dir, "logs")))
     return found
@@ -632,9 +736,12 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
           run_dir: str, validation_data=None, validation_freq: int = 1,
           learning_rate: float | None = None,
           distribution=None, jit_compile: bool | str = "auto", steps_per_execution: int = 1,
-          verbose="auto", compile=compile_model, keep_checkpoints: int = 1) -> dict[int, dict]:
+          verbose="auto", compile=compile_model, keep_checkpoints: int = 1,
+          teacher: keras.Model | None = None) -> dict[int, dict]:
     """model.fit with the recipe's optimizer and the resumable callbacks: the same call after
-    an interruption resumes from the last finished epoch in run_dir.
+    an interruption resumes from the last finished epoch in run_dir. A recipe with a
+    distillation trains through compile_distiller's Distiller, and the run's model files hold
+    the student alone.
 
     Args:
         model: the model, built in distribution's scope.
@@ -655,20 +762,26 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
         compile: compile_model's signature; another objective's
             (masked.compile_masked_patch_model) for models that are not classifiers.
         keep_checkpoints: the epochs whose models the run keeps (callbacks).
+        teacher: the recipe's distillation's teacher; None to load recipe.teacher's file (in
+            the distribution's scope).
 
     Returns:
         The complete per-epoch history, {epoch: logs}, epochs run before an interruption
         included.
     """
     distribution = distribution or distribute.choose("none")
+    options = dict(jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     with distribution.scope():
-        compile(model, recipe, epochs * steps_per_epoch, learning_rate,
-                jit_compile=jit_compile, steps_per_execution=steps_per_execution)
+        if recipe.distillation:
+            fitted = compile_distiller(model, recipe, epochs * steps_per_epoch, learning_rate,
+                                       teacher, **options)
+        else:
+            fitted = compile(model, recipe, epochs * steps_per_epoch, learning_rate, **options)
     portable_jit_compile(model)  # whatever `compile` is: the checkpoints say "auto"
-    distribute.prepare_model(model, distribution)
-    run_callbacks = callbacks(run_dir, keep_checkpoints=keep_checkpoints)
-    model.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
-              validation_data=validation_data, validation_freq=validation_freq,
-              callbacks=patch_drop_callbacks(recipe, model, epochs) + run_callbacks,
-              verbose=verbose)
+    distribute.prepare_model(fitted, distribution)
+    run_callbacks = callbacks(run_dir, keep_checkpoints=keep_checkpoints, saved=model)
+    fitted.fit(train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, shuffle=False,
+               validation_data=validation_data, validation_freq=validation_freq,
+               callbacks=patch_drop_callbacks(recipe, model, epochs) + run_callbacks,
+               verbose=verbose)
     return next(c for c in run_callbacks if isinstance(c, HistoryFile)).read()

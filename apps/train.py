@@ -18,6 +18,7 @@ import shutil
 import time
 
 from .common import (
+    CLASSIFIERS,
     DISTRIBUTIONS,
     LABELS_FILE,
     LORA_TARGETS,
@@ -140,6 +141,21 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--recipe-option", action="append", default=[], metavar="FIELD=VALUE",
                      help="change one field of the recipe (vit_keras.training.Recipe), e.g. "
                           "label_smoothing=0.1; repeat for more")
+    teach = parser.add_argument_group(
+        "training with a teacher (docs/distillation.md)",
+        "DeiT's distillation: the teacher's logits as a second target, its own head with "
+        "--distillation-token; tau and lambda with --recipe-option distillation_temperature=T "
+        "and distillation_weight=L")
+    teach.add_argument("--teacher", default=None, metavar="TEACHER.keras",
+                       help="the teacher: any Keras classifier of the same classes saved as "
+                            ".keras (a run's model.keras), frozen while the student trains")
+    teach.add_argument("--distillation", default=None, choices=["hard", "soft"],
+                       help="the teacher's term: its top-1 as a label (hard), or its "
+                            "distribution at temperature tau (soft)")
+    teach.add_argument("--distillation-token", action="store_true",
+                       help="give the student DeiT's distillation token (needs --classifier "
+                            "token): the teacher's term trains its head, the labels the class "
+                            "token's; the saved model answers with their mean")
     model = add_model_arguments(
         parser, "the reference run's model (a hybrid: 32-pixel images through a ResNet stem of "
                 "width 32 and one bottleneck unit, 2x2 patches of its feature map, 4 blocks of "
@@ -276,6 +292,26 @@ def recipe_from_arguments(args):
         recipe = dataclasses.replace(
             recipe, ema_momentum=args.ema or recipe.ema_momentum,
             gradient_accumulation_steps=args.grad_accum or recipe.gradient_accumulation_steps)
+    return with_teacher_flags(args, recipe)
+
+
+def with_teacher_flags(args, recipe):
+    """The recipe with --teacher, --distillation and --distillation-token, checked before
+    the run starts."""
+    recipe = dataclasses.replace(
+        recipe, teacher=args.teacher or recipe.teacher,
+        distillation=args.distillation or recipe.distillation,
+        distillation_token=args.distillation_token or recipe.distillation_token)
+    if recipe.teacher and not recipe.distillation:
+        raise ValueError("--teacher needs --distillation hard or soft")
+    if recipe.distillation and not recipe.teacher:
+        raise ValueError(f"--distillation {recipe.distillation} needs --teacher TEACHER.keras")
+    if recipe.distillation and not os.path.isfile(recipe.teacher):
+        raise ValueError(f"--teacher {recipe.teacher!r}: expected a .keras file, found none")
+    classifier = args.classifier or CLASSIFIERS[0]
+    if recipe.distillation_token and classifier != "token":
+        raise ValueError(f"--distillation-token needs --classifier token (the distillation "
+                         f"token sits beside the class token), got --classifier {classifier}")
     return recipe
 
 
@@ -345,6 +381,7 @@ def build_model(args, recipe, num_classes, distribution):
                                      dropout_rate=recipe.dropout_rate,
                                      stochastic_depth_rate=recipe.stochastic_depth_rate,
                                      patch_drop_rate=recipe.patch_drop_rate,
+                                     distilled=recipe.distillation_token,
                                      remat=args.remat)
         if args.weights:
             report = load_weights(model, args.weights, variant=args.variant)

@@ -16,6 +16,8 @@ if MODE.startswith("jax"):
 else:
     os.environ["KERAS_BACKEND"] = "tensorflow"
 
+import dataclasses  # noqa: E402
+
 import keras  # noqa: E402
 
 keras.config.disable_traceback_filtering()
@@ -29,6 +31,8 @@ TINY = dict(hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, patch_size=8)
 # default (eagerly, each op of a sharded step compiles on its own, which costs more).
 JIT_COMPILE = "auto" if MODE.startswith("jax") else False
 RECIPE = training.Recipe("sgd", 0.1, "linear", 0, momentum=0.0, clipnorm=None)
+# With a teacher: DeiT's hard distillation into a distillation token's head.
+DISTILLED = dataclasses.replace(RECIPE, distillation="hard", distillation_token=True)
 
 
 def problem():
@@ -38,8 +42,15 @@ def problem():
     return x, y
 
 
-def train(distribution, workaround=True, shard=None):
-    """shard=(index, count): this process feeds its part of every global batch of 8."""
+def seeded(model, first_seed=0):
+    model.set_weights([np.random.default_rng(first_seed + i).normal(0, 0.1, w.shape)
+                       .astype("float32") for i, w in enumerate(model.get_weights())])
+    return model
+
+
+def train(distribution, workaround=True, shard=None, distilled=False):
+    """shard=(index, count): this process feeds its part of every global batch of 8;
+    distilled: the student of a distillation token, taught by a fixed teacher."""
     keras.utils.set_random_seed(0)
     x, y = problem()
     batch = 8
@@ -49,13 +60,17 @@ def train(distribution, workaround=True, shard=None):
         x, y = (a.reshape(4, count, batch, *a.shape[1:])[:, index].reshape(-1, *a.shape[1:])
                 for a in (x, y))
     with distribution.scope():
-        model = vk.vit(TINY, image_size=32, num_classes=3)
-        model.set_weights([np.random.default_rng(i).normal(0, 0.1, w.shape).astype("float32")
-                           for i, w in enumerate(model.get_weights())])
-        training.compile_model(model, RECIPE, total_steps=10**9, jit_compile=JIT_COMPILE)
+        model = seeded(vk.vit(TINY, image_size=32, num_classes=3, distilled=distilled))
+        if distilled:
+            teacher = seeded(vk.vit(TINY, image_size=32, num_classes=3), first_seed=100)
+            fitted = training.compile_distiller(model, DISTILLED, 10**9, teacher=teacher,
+                                                jit_compile=JIT_COMPILE)
+        else:
+            fitted = training.compile_model(model, RECIPE, total_steps=10**9,
+                                            jit_compile=JIT_COMPILE)
     if workaround:
-        distribute.prepare_model(model, distribution)
-    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)  # 4 steps of 8
+        distribute.prepare_model(fitted, distribution)
+    fitted.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)  # 4 steps of 8
     return model
 
 
@@ -72,13 +87,17 @@ if MODE == "mirrored":
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     mirrored = distribute.Distribution("mirrored", 2, strategy)
-    save({"single": train(distribute.choose("none")), "distributed": train(mirrored)})
+    save({"single": train(distribute.choose("none")), "distributed": train(mirrored),
+          "distilled_single": train(distribute.choose("none"), distilled=True),
+          "distilled_distributed": train(mirrored, distilled=True)})
 elif MODE == "jax-data-parallel":
     dp = distribute.choose("data-parallel")
     assert dp.num_replicas == 4, dp
-    distributed = train(dp)
+    distributed, distilled = train(dp), train(dp, distilled=True)
     keras.distribution.set_distribution(None)
-    save({"single": train(distribute.choose("none")), "distributed": distributed})
+    save({"single": train(distribute.choose("none")), "distributed": distributed,
+          "distilled_single": train(distribute.choose("none"), distilled=True),
+          "distilled_distributed": distilled})
 elif MODE == "jax-model-parallel":
     mp = distribute.choose("model-parallel", model_axis=2)
     model = train(mp)

@@ -40,15 +40,16 @@ def run_workers(mode, outs, tf_configs=None, timeout=240, jax_coordinator=None):
     return [(p.returncode, err) for p, (_, err) in zip(processes, results, strict=True)]
 
 
-def assert_same_training(path):
+def assert_same_training(path, run=""):
+    """run "distilled_": the student trained with a teacher (tests.distributed_worker)."""
     weights = np.load(path)
-    count = len([k for k in weights if k.startswith("single_")])
-    initial = [np.random.default_rng(i).normal(0, 0.1, weights[f"single_{i}"].shape)
+    count = len([k for k in weights if k.startswith(f"{run}single_")])
+    initial = [np.random.default_rng(i).normal(0, 0.1, weights[f"{run}single_{i}"].shape)
                for i in range(count)]
     for i in range(count):
-        np.testing.assert_allclose(weights[f"distributed_{i}"], weights[f"single_{i}"],
+        np.testing.assert_allclose(weights[f"{run}distributed_{i}"], weights[f"{run}single_{i}"],
                                    atol=1e-5)
-    assert any(not np.allclose(weights[f"single_{i}"], initial[i]) for i in range(count))
+    assert any(not np.allclose(weights[f"{run}single_{i}"], initial[i]) for i in range(count))
 
 
 def free_ports(count):
@@ -77,8 +78,9 @@ def mirrored(tmp_path_factory):
 
 
 @tensorflow_only
-def test_mirrored_over_two_cpus_equals_one_device(mirrored):
-    assert_same_training(mirrored)
+@pytest.mark.parametrize("run", ["", "distilled_"])
+def test_mirrored_over_two_cpus_equals_one_device(mirrored, run):
+    assert_same_training(mirrored, run)
 
 
 def multiworker_configs():
@@ -122,8 +124,9 @@ def jax_data_parallel(tmp_path_factory):
 
 
 @jax_only
-def test_jax_data_parallel_over_four_devices_equals_one(jax_data_parallel):
-    assert_same_training(jax_data_parallel)
+@pytest.mark.parametrize("run", ["", "distilled_"])
+def test_jax_data_parallel_over_four_devices_equals_one(jax_data_parallel, run):
+    assert_same_training(jax_data_parallel, run)
 
 
 @jax_only

@@ -7,6 +7,7 @@ import importlib as _importlib
 # training register the .keras classes they define.
 from vit_keras import (
     compat,  # first, for its effect
+    distillation,
     distribute,
     intermediates,
     layers,
@@ -42,11 +43,11 @@ compat.check_at_import()
 _LAZY_SUBMODULES = ("analysis", "data", "evaluation", "export", "masked")
 
 __all__ = ["VARIANTS", "InputConvention", "LoadReport", "ViTConfig", "analysis", "data",
-           "decode_predictions", "distribute", "evaluation", "export", "features", "get_config",
-           "input_convention", "intermediates", "layers", "load_keras_hub", "load_model",
-           "load_npz", "load_pytorch_weights", "load_weights", "lora", "masked", "merge_lora",
-           "merge_tokens", "preprocess", "preprocessing", "prune_tokens", "resnet", "save_npz",
-           "save_weights", "training", "vit", "weights"]
+           "decode_predictions", "distillation", "distribute", "evaluation", "export", "features",
+           "get_config", "input_convention", "intermediates", "layers", "load_keras_hub",
+           "load_model", "load_npz", "load_pytorch_weights", "load_weights", "lora", "masked",
+           "merge_lora", "merge_tokens", "preprocess", "preprocessing", "prune_tokens", "resnet",
+           "save_npz", "save_weights", "training", "vit", "weights"]
 __version__ = "0.4.0"
 
 

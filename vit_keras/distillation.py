@@ -20,6 +20,10 @@ from keras import ops
 from vit_keras import configs
 from vit_keras.preprocessing import InputConvention, feeding
 
+__all__ = ["KINDS", "ClassHeadLoss", "TeacherLoss", "TeacherTerm", "distiller",
+           "has_distillation_token", "heads", "served", "served_accuracy", "served_top5",
+           "teacher_view", "training_student"]
+
 KINDS = ("hard", "soft")
 """The teacher terms: DeiT's hard (the teacher's top-1 as a label) and soft (its tempered
 distribution)."""
@@ -43,7 +47,14 @@ def heads(outputs):
 
 def served(outputs):
     """What the student answers with: the mean of its heads' logits (DeiT's and timm's
-    inference), the one head's logits where it has one."""
+    inference), the one head's logits where it has one.
+
+    Args:
+        outputs: the student's training output.
+
+    Returns:
+        The logits, (batch, classes).
+    """
     if len(outputs.shape) == 3:
         return ops.mean(outputs, axis=1)
     return outputs
@@ -57,6 +68,7 @@ class ClassHeadLoss(keras.losses.Loss):
     Args:
         label_smoothing: of the one-hot labels.
         name: the loss's name.
+        **kwargs: keras.losses.Loss's (reduction, dtype).
     """
 
     def __init__(self, label_smoothing: float = 0.0, name: str = "class_head_crossentropy",
@@ -72,11 +84,35 @@ class ClassHeadLoss(keras.losses.Loss):
         return {**super().get_config(), "label_smoothing": self.label_smoothing}
 
 
+class TeacherTerm(keras.losses.Loss):
+    """The teacher term per image, averaged over the batch as Keras averages a loss (scaled
+    for a tf.distribute strategy's replicas, whose gradients are summed).
+
+    Args:
+        kind: "hard" or "soft".
+        temperature: soft distillation's tau.
+        **kwargs: keras.losses.Loss's (reduction, dtype).
+    """
+
+    def __init__(self, kind: str, temperature: float, **kwargs):
+        super().__init__(name=f"{kind}_distillation", **kwargs)
+        self.kind, self.temperature = kind, temperature
+
+    def call(self, teacher, student):
+        if self.kind == "hard":
+            labels = ops.one_hot(ops.argmax(teacher, axis=-1), ops.shape(teacher)[-1])
+            return keras.losses.categorical_crossentropy(labels, student, from_logits=True)
+        log_teacher = ops.log_softmax(teacher / self.temperature, axis=-1)
+        log_student = ops.log_softmax(student / self.temperature, axis=-1)
+        divergence = ops.sum(ops.exp(log_teacher) * (log_teacher - log_student), axis=-1)
+        return divergence * self.temperature**2
+
+
 @keras.saving.register_keras_serializable(package="vit_keras")
 class TeacherLoss(keras.distillation.DistillationLoss):
-    """The teacher term on the distillation head: cross-entropy against the teacher's top-1
-    ("hard"), or tau^2 times the KL divergence of the tempered distributions ("soft"), each
-    averaged over the batch.
+    """The teacher term on the distillation head (TeacherTerm): cross-entropy against the
+    teacher's top-1 ("hard"), or tau^2 times the KL divergence of the tempered distributions
+    ("soft").
 
     Args:
         kind: "hard" or "soft".
@@ -94,18 +130,10 @@ class TeacherLoss(keras.distillation.DistillationLoss):
                              "number")
         self.kind = kind
         self.temperature = temperature
+        self.term = TeacherTerm(kind, temperature)
 
     def compute_loss(self, teacher_outputs, student_outputs, **kwargs):
-        teacher = ops.cast(heads(teacher_outputs)[0], "float32")
-        student = ops.cast(heads(student_outputs)[1], "float32")
-        if self.kind == "hard":
-            labels = ops.one_hot(ops.argmax(teacher, axis=-1), ops.shape(teacher)[-1])
-            return ops.mean(keras.losses.categorical_crossentropy(labels, student,
-                                                                  from_logits=True))
-        log_teacher = ops.log_softmax(teacher / self.temperature, axis=-1)
-        log_student = ops.log_softmax(student / self.temperature, axis=-1)
-        divergence = ops.sum(ops.exp(log_teacher) * (log_teacher - log_student), axis=-1)
-        return ops.mean(divergence) * self.temperature**2
+        return self.term(heads(teacher_outputs)[0], heads(student_outputs)[1])
 
     def get_config(self):
         return {"kind": self.kind, "temperature": self.temperature}
@@ -116,7 +144,14 @@ class TeacherLoss(keras.distillation.DistillationLoss):
 
 
 def has_distillation_token(model: keras.Model) -> bool:
-    """Whether `model` is a vk.vit built with distilled=True: it has the distillation head."""
+    """Whether `model` is a vk.vit built with distilled=True: it has the distillation head.
+
+    Args:
+        model: a Keras model.
+
+    Returns:
+        True when a layer is named head_dist.
+    """
     return any(layer.name == configs.HEAD_DIST for layer in model.layers)
 
 
@@ -134,7 +169,7 @@ def training_student(model: keras.Model) -> keras.Model:
     if not has_distillation_token(model):
         return model
     logits = [model.get_layer(name).output for name in (configs.HEAD, configs.HEAD_DIST)]
-    return keras.Model(model.inputs, ops.stack(logits, axis=1), name=f"{model.name}_heads")
+    return keras.Model(model.input, ops.stack(logits, axis=1), name=f"{model.name}_heads")
 
 
 def _conversion(source: InputConvention, target: InputConvention) -> keras.layers.Rescaling:
@@ -222,11 +257,27 @@ def distiller(student: keras.Model, teacher: keras.Model, kind: str, temperature
 
 
 def served_accuracy(y_true, y_pred):
-    """Top-1 accuracy of what the student answers with (served) against one-hot labels."""
+    """Top-1 accuracy of what the student answers with (served) against one-hot labels.
+
+    Args:
+        y_true: one-hot (or mixed) labels, (batch, classes).
+        y_pred: the student's training output.
+
+    Returns:
+        1.0 or 0.0 per image.
+    """
     return keras.metrics.categorical_accuracy(y_true, served(y_pred))
 
 
 def served_top5(y_true, y_pred):
-    """Top-5 accuracy of what the student answers with, at most over its classes."""
+    """Top-5 accuracy of what the student answers with, at most over its classes.
+
+    Args:
+        y_true: one-hot (or mixed) labels, (batch, classes).
+        y_pred: the student's training output.
+
+    Returns:
+        1.0 or 0.0 per image.
+    """
     return keras.metrics.top_k_categorical_accuracy(y_true, served(y_pred),
                                                     k=min(5, y_pred.shape[-1]))

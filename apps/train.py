@@ -51,9 +51,10 @@ PLAIN_MAIN_JOB_MODEL = dict(resnet_layers=NO_RESNET, patch_size=7, image_size=28
 # --convnet's model where the flags do not shape it: the ResNet of the hybrids as a classifier
 # of the main job's images, a teacher for its ViT (benchmarks/distillation.py).
 CONVNET_MODEL = dict(resnet_layers=(2, 2, 2), resnet_width=32, image_size=32)
-# The model flags a ResNet has no use for.
+# The flags that shape or start a ViT, which a ResNet has no use for.
 VIT_ONLY_FLAGS = ("variant", *SHAPE_FLAGS, "classifier", "posemb", "representation_size",
-                  "exact_gelu", "attention_kernel", "family", "weights", "lora_rank", "remat")
+                  "exact_gelu", "attention_kernel", "family", "weights", "lora_rank", "remat",
+                  "distillation_token")
 # Its epochs, chosen in notes/mainjob.md; other runs default to DEFAULT_EPOCHS.
 MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 8, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower

@@ -134,6 +134,8 @@ def test_train_convnet_saves_a_resnet_that_evaluate_and_predict_take(tmp_path, c
     (["--lora-rank", "4"], "--convnet trains a ResNet, which has no use for --lora-rank: leave "
                            "it out"),
     (["--resnet-layers", "none"], "--convnet trains a ResNet, not --resnet-layers none"),
+    (["--distillation-token"], "--convnet trains a ResNet, which has no use for "
+                               "--distillation-token: leave it out"),
 ])
 def test_train_convnet_refuses_the_vits_flags_in_one_line(tmp_path, flags, message):
     from apps import train

@@ -218,9 +218,10 @@ def load_model(path: str):
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, without_variant: str,
-                        image_size: int | None = 224, num_classes: int | None = 1000) -> None:
-    """The model's flags; `without_variant` says what the model is when --variant is not
-    given (with the defaults it implies)."""
+                        image_size: int | None = 224, num_classes: int | None = 1000):
+    """The model's flags, in a group that the function returns (for an app's own model
+    flags); `without_variant` says what the model is when --variant is not given (with the
+    defaults it implies)."""
     group = parser.add_argument_group("model", textwrap.fill(f"Without --variant: "
                                                              f"{without_variant}.", 80,
                                                              break_on_hyphens=False))
@@ -254,6 +255,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, without_variant: str,
                        help="build the model with the vk.vit options of this named release "
                             "(LayerScale, registers, CLIP's pre-norm, ...: vit-keras variants "
                             "--pretrained lists them), for its files and fine-tunes")
+    return group
 
 
 def model_config(args):

@@ -25,6 +25,7 @@ from .common import (
     NO_RESNET,
     RECIPES,
     RESULT_FILE,
+    SHAPE_FLAGS,
     add_data_arguments,
     add_model_arguments,
     app_parser,
@@ -47,6 +48,13 @@ MAIN_JOB_MODEL = dict(variant="Ti/16", hidden_size=64, num_layers=4, num_heads=4
 # prediction (apps.pretrain), which corrupts patches of pixels: 7x7-pixel patches of 28-pixel
 # images, the main job's model before the hybrid.
 PLAIN_MAIN_JOB_MODEL = dict(resnet_layers=NO_RESNET, patch_size=7, image_size=28)
+# --convnet's model where the flags do not shape it: the ResNet of the hybrids as a classifier
+# of the main job's images, a teacher for its ViT (benchmarks/distillation.py).
+CONVNET_MODEL = dict(resnet_layers=(2, 2, 2), resnet_width=32, image_size=32)
+# The flags that shape or start a ViT, which a ResNet has no use for.
+VIT_ONLY_FLAGS = ("variant", *SHAPE_FLAGS, "classifier", "posemb", "representation_size",
+                  "exact_gelu", "attention_kernel", "family", "weights", "lora_rank", "remat",
+                  "distillation_token")
 # Its epochs, chosen in notes/mainjob.md; other runs default to DEFAULT_EPOCHS.
 MAIN_JOB_EPOCHS, DEFAULT_EPOCHS = 8, 20
 # The main job compiles with XLA on TensorFlow, whose CPU kernels run its small model slower
@@ -149,12 +157,18 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                        help="give the student DeiT's distillation token (needs --classifier "
                             "token): the teacher's term trains its head, the labels the class "
                             "token's; the saved model answers with their mean")
-    add_model_arguments(parser, "the reference run's model (a hybrid: 32-pixel images through a "
-                                "ResNet stem of width 32 and one bottleneck unit, 2x2 patches "
-                                "of its feature map, 4 blocks of width 64, global average "
-                                "pooling, sincos2d); with --variant, --image-size is 224 "
-                                "unless given",
-                        image_size=None)
+    model = add_model_arguments(
+        parser, "the reference run's model (a hybrid: 32-pixel images through a ResNet stem of "
+                "width 32 and one bottleneck unit, 2x2 patches of its feature map, 4 blocks of "
+                "width 64, global average pooling, sincos2d); with --variant, --image-size is "
+                "224 unless given", image_size=None)
+    model.add_argument("--convnet", action="store_true",
+                       help="train the paper's ResNet (the hybrids' stem, BiT-style) with "
+                            "global average pooling and a head instead of a ViT, shaped by "
+                            "--resnet-layers, --resnet-width, --image-size and --num-classes "
+                            f"(default {','.join(map(str, CONVNET_MODEL['resnet_layers']))}, "
+                            f"{CONVNET_MODEL['resnet_width']}, {CONVNET_MODEL['image_size']} "
+                            "px): a teacher for distillation, or a convnet baseline")
     return parser
 
 
@@ -163,7 +177,9 @@ def fill_defaults(args) -> None:
     import keras
 
     main_job = args.variant is None
-    if main_job:
+    if args.convnet:
+        convnet_defaults(args)
+    elif main_job:
         plain = args.resnet_layers == NO_RESNET  # then the plain ViT's patches and image size
         for key, value in {**MAIN_JOB_MODEL, **(PLAIN_MAIN_JOB_MODEL if plain else {})}.items():
             if getattr(args, key) is None:
@@ -181,6 +197,22 @@ def fill_defaults(args) -> None:
     if args.epochs is None:
         args.epochs = MAIN_JOB_EPOCHS if main_job and args.recipe == "fashion_mnist" else (
             DEFAULT_EPOCHS)
+
+
+def convnet_defaults(args) -> None:
+    """--convnet's model: the ViT's flags refused, CONVNET_MODEL where the flags say nothing."""
+    defaults = build_parser()
+    given = [key for key in VIT_ONLY_FLAGS if getattr(args, key) != defaults.get_default(key)]
+    if given:
+        raise ValueError(f"--convnet trains a ResNet, which has no use for "
+                         f"{', '.join('--' + key.replace('_', '-') for key in given)}: leave "
+                         f"{'it' if len(given) == 1 else 'them'} out")
+    if args.resnet_layers == NO_RESNET:
+        raise ValueError("--convnet trains a ResNet, not --resnet-layers none: give its units "
+                         "per stage (e.g. 2,2,2), or 'stem' for the root alone")
+    for key, value in CONVNET_MODEL.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def run_dir_of(args) -> str:
@@ -343,6 +375,9 @@ def build_model(args, recipe, num_classes, distribution):
     from vit_keras.weights import load_weights
 
     with distribution.scope():
+        if args.convnet:
+            return vk.resnet.classifier(args.image_size, num_classes, args.resnet_layers,
+                                        args.resnet_width)
         model = model_from_arguments(args, num_classes=num_classes,
                                      dropout_rate=recipe.dropout_rate,
                                      stochastic_depth_rate=recipe.stochastic_depth_rate,

@@ -299,6 +299,19 @@ def token_tradeoff_rows(reports: list[dict]) -> list[dict]:
                 for split in ("validation", "test")}} for row in accuracy["rows"]]
 
 
+def distillation_rows(reports: list[dict]) -> list[dict]:
+    """benchmarks.distillation's runs, each over its seeds, with its seeds' test accuracies,
+    its teacher's test accuracy and minutes ("" for the run without one), and the run chosen
+    on the validation split marked."""
+    return [{**row, "minutes": row["fit_seconds"] / 60, "teacher": row["teacher"] or "",
+             "per_seed": ", ".join(f"{value:.2%}" for value in row["test_accuracies"]),
+             "teacher_test": ("" if row["teacher"] is None
+                              else f"{row['teacher_test_accuracy']:.2%}"),
+             "teacher_minutes": ("" if row["teacher"] is None
+                                 else f"{row['teacher_fit_seconds'] / 60:.1f}"),
+             "chosen": "chosen" if row["chosen"] else ""} for row in reports[0]["summary"]]
+
+
 def minutes(rows: Callable[[list], list[dict]]) -> Callable[[list], list[dict]]:
     """rows with each row's fit_seconds in minutes."""
     return lambda reports: [{**row, "minutes": row["fit_seconds"] / 60} for row in rows(reports)]
@@ -311,6 +324,7 @@ def backend_line(path: str, **extra: str) -> Spec:
 REFERENCE = ("docs/mainjob/seeds.json",)  # the Fashion-MNIST reference run's seeds
 PAPER = "docs/paper/{}.json"
 TOKENS = ("docs/tokens/accuracy.json", "docs/tokens/speed.json")  # benchmarks.token_budget
+DISTILLATION = ("docs/distillation/distillation.json",)  # benchmarks.distillation
 BLOCKS = {
     "pretrained": pretrained_table,
     "readmemainjob": (Spec(REFERENCE, (
@@ -455,6 +469,25 @@ BLOCKS = {
             ("int8", "{litert_int8_speedup}"),
             ("int8 top-1 agreement", "{int8_top1_agreement:.0%}"),
             ("peak MiB (first call)", "{infer_peak_mib:,.0f}")), token_speed_rows)),
+    "distillation": (
+        Spec(DISTILLATION, (
+            ("Student", "{student}, recipe `{recipe}`, {epochs} epochs"),
+            ("validation", "the last {validation_split:,} training images"),
+            ("test", "{test_images:,} images, single views"), ("backend", "{backend}"),
+            ("Machine", "{machine}")), line=True),
+        Spec(DISTILLATION, (
+            ("teacher", "{teacher}"), ("`vit-keras train` flags", "`{model_flags}`"),
+            ("parameters", "{trainable_parameters:,}"), ("epochs", "{epochs}"),
+            ("validation", "{validation_accuracy:.2%}"), ("test", "{test_accuracy:.2%}"),
+            ("model.fit minutes", "{minutes:.1f}")), minutes(each("teachers"))),
+        Spec(DISTILLATION, (
+            ("student", "{label}"), ("teacher", "{teacher}"),
+            ("validation (mean)", "{validation_accuracy:.2%}"),
+            ("test (mean)", "{test_accuracy:.2%}"), ("test per seed", "{per_seed}"),
+            ("vs no teacher (points)", "{test_change:+.2f}"),
+            ("model.fit minutes (mean)", "{minutes:.1f}"), ("teacher's test", "{teacher_test}"),
+            ("teacher's model.fit minutes", "{teacher_minutes}"),
+            ("on validation", "{chosen}")), distillation_rows)),
     "inputsize": (
         backend_line(PAPER.format("input_size"), **{
             "inference batch": "{batch}", "calls timed (median)": "{repeats}",

@@ -771,3 +771,70 @@ def test_token_budget_smoke_run_scores_and_times_every_row_and_renders_them(tmp_
     assert "| EViT | 0.5 | off the shelf | 50, 27, 15, 9 |" in text
     assert "| smoke, 32 px (random weights) | ToMe | 2 | 15, 13 |" in text
     assert (out / "tradeoff.png").stat().st_size > 0
+
+
+@backend_independent
+def test_distillation_summary_means_each_runs_seeds_and_marks_the_validation_choice():
+    from benchmarks import distillation
+
+    def run(name, seed, validation, test, seconds):
+        return {"run": name, "seed": seed, "validation_accuracy": validation,
+                "test_accuracy": test, "fit_seconds": seconds}
+
+    rows = [run("none", 0, 0.90, 0.89, 60), run("hard/convnet", 0, 0.92, 0.90, 90),
+            run("none", 1, 0.88, 0.91, 120), run("hard/convnet", 1, 0.90, 0.94, 150),
+            run("soft/convnet", 0, 0.95, 0.85, 30)]
+    teachers = {"convnet": {"test_accuracy": 0.93, "fit_seconds": 300}}
+    summary = {row["run"]: row for row in distillation.summary(rows, teachers)}
+    assert list(summary) == ["none", "hard/convnet", "soft/convnet"]
+    hard = summary["hard/convnet"]
+    # seeds 0 and 1: validation (0.92 + 0.90) / 2, test (0.90 + 0.94) / 2, 120 s; the change
+    # is from the students without a teacher, (0.89 + 0.91) / 2 = 0.90: +2 points
+    assert hard["validation_accuracy"] == pytest.approx(0.91)
+    assert hard["test_accuracy"] == pytest.approx(0.92)
+    assert hard["fit_seconds"] == pytest.approx(120)
+    assert hard["test_change"] == pytest.approx(2.0)
+    assert hard["test_accuracies"] == [0.90, 0.94] and hard["seeds"] == [0, 1]
+    assert (hard["teacher_test_accuracy"], hard["teacher_fit_seconds"]) == (0.93, 300)
+    assert summary["none"]["teacher_test_accuracy"] is None
+    assert summary["soft/convnet"]["test_change"] == pytest.approx(-5.0)
+    # the choice reads validation only: soft's 95% wins there, whatever its test accuracy
+    assert [name for name, row in summary.items() if row["chosen"]] == ["soft/convnet"]
+
+
+@backend_independent
+@pytest.mark.over_budget(reason="the distillation benchmark's one smoke run, run once: two "
+                         "teachers and five students trained and evaluated by the apps")
+def test_distillation_smoke_trains_the_teachers_and_every_student_and_renders_them(
+        tmp_path, monkeypatch):
+    from apps import train
+    from benchmarks import distillation, render
+    from tests.test_convnet import bit_parameters
+
+    argv = ["--smoke", "--out", str(tmp_path / "runs"), "--json-dir", str(tmp_path / "json")]
+    report = distillation.main(argv)
+    assert report == json.loads((tmp_path / "json" / "distillation.json").read_text())
+    teachers = {row["teacher"]: row for row in report["teachers"]}
+    assert list(teachers) == ["convnet", "vit"]
+    assert teachers["convnet"]["trainable_parameters"] == bit_parameters((1,), 32, 3, 10)
+    assert [row["run"] for row in report["runs"]] == list(distillation.RUNS)
+    for row in report["runs"]:
+        flags = row["flags"].split()
+        teacher = row["teacher"]
+        assert ("--teacher" in flags) == (teacher is not None)
+        if teacher:
+            assert flags[flags.index("--teacher") + 1] == teachers[teacher]["model"]
+        assert 0 <= row["validation_accuracy"] <= 1 and 0 <= row["test_accuracy"] <= 1
+        assert row["test_images"] == 64 and row["epochs"] == 1
+    # the token's student is a plain .keras ViT with DeiT's two heads, answering with their mean
+    token = keras.saving.load_model(tmp_path / "runs" / "hard-token-convnet" / "seed0" /
+                                    "model.keras", safe_mode=True)
+    assert {"head", "head_dist"} <= {layer.name for layer in token.layers}
+    text = "\n\n".join(spec.render([report]) for spec in render.BLOCKS["distillation"])
+    assert "| hard, distillation token | convnet |" in text
+    assert "| no teacher |  |" in text and "| +0.00 |" in text
+    # run again, every run is read from its folder: nothing trains
+    monkeypatch.setattr(train, "main", lambda argv: pytest.fail(f"trained again: {argv}"))
+    again = distillation.main(argv)
+    assert [row["test_accuracy"] for row in again["runs"]] == [
+        row["test_accuracy"] for row in report["runs"]]

@@ -1,4 +1,5 @@
-"""The ResNet in front of the paper's hybrid models (R50+B/16 and friends).
+"""The ResNet in front of the paper's hybrid models (R50+B/16 and friends), and the same
+ResNet as a classifier of its own (a convnet teacher for distillation, a baseline).
 
 BiT-style ResNet v1 as in vit_jax models_resnet.py: weight-standardised convolutions without
 bias, GroupNorm with 32 groups and Flax's epsilon, SAME padding. Layers are named like the
@@ -12,11 +13,14 @@ import keras
 
 from vit_keras import kernels
 
-__all__ = ["GroupNorm", "MaxPool", "ResidualUnit", "StdConv", "resnet_stem"]
+__all__ = ["GroupNorm", "MaxPool", "ResidualUnit", "StdConv", "classifier", "resnet_stem"]
 
 GROUP_NORM_GROUPS = 32
 GROUP_NORM_EPSILON = 1e-6  # Flax nn.GroupNorm's default
 WEIGHT_STD_EPSILON = 1e-5  # added to the kernel's standard deviation, as vit_jax does
+
+# BiT's ResNet-50: bottleneck units per stage (classifier's default)
+RESNET50_UNITS = (3, 4, 6, 3)
 
 _register = keras.saving.register_keras_serializable(package="vit_keras")
 
@@ -152,3 +156,52 @@ def resnet_stem(images, stage_units: tuple[int, ...], width: int = 64):
             x = ResidualUnit(width * 2**stage, strides,
                              name=f"block{stage + 1}_unit{unit + 1}")(x)
     return x
+
+
+def classifier(image_size, num_classes: int, stage_units: tuple[int, ...] = RESNET50_UNITS,
+               width: int = 64, channels: int = 3, name: str | None = None) -> keras.Model:
+    """The hybrids' ResNet as an image classifier: resnet_stem, global average pooling and a
+    zero-initialised Dense head, as BiT's ResNet v1 ends. Its units end in a ReLU after the
+    residual sum (v1), so the map is pooled as it is; BiT's pre-activation v2 needs a last
+    GroupNorm and ReLU there, this ResNet does not. It takes float NHWC images in [-1, 1], as
+    vk.vit does, so the apps' pipelines, evaluate, predict and a distillation teacher treat
+    the two alike; the pooling and the head run in float32 under any dtype policy, so the
+    logits are float32.
+
+    Args:
+        image_size: an int, or (height, width).
+        num_classes: the head's width.
+        stage_units: bottleneck units per stage (BiT's ResNet-50 by default); an empty tuple
+            is the root alone.
+        width: the root's channels; stage i has width * 2**i features and outputs four times
+            that.
+        channels: the images' channels.
+        name: the model's name (default: resnet_ and the units and width, resnet_3_4_6_3_w64).
+
+    Returns:
+        A functional keras.Model from images (batch, height, width, channels) to logits
+        (batch, num_classes).
+
+    Raises:
+        ValueError: a stage of no units, a size or class count under 1, or a width that is
+            no multiple of GroupNorm's 32 groups.
+    """
+    height, width_px = (image_size, image_size) if isinstance(image_size, int) else image_size
+    stage_units = tuple(stage_units)
+    if not all(isinstance(units, int) and units >= 1 for units in stage_units):
+        raise ValueError(f"stage_units: expected a positive number of units per stage, got "
+                         f"{stage_units}")
+    for what, value in (("image_size", image_size), ("num_classes", num_classes),
+                        ("width", width)):
+        if min(value if isinstance(value, tuple | list) else (value,)) < 1:
+            raise ValueError(f"{what}: expected at least 1, got {value}")
+    if width % GROUP_NORM_GROUPS:
+        raise ValueError(f"width: expected a multiple of {GROUP_NORM_GROUPS} (GroupNorm's "
+                         f"groups), got {width}")
+    images = keras.Input((height, width_px, channels), name="images")
+    x = resnet_stem(images, stage_units, width)
+    x = keras.layers.GlobalAveragePooling2D(dtype="float32", name="pool")(x)
+    logits = keras.layers.Dense(num_classes, kernel_initializer="zeros", dtype="float32",
+                                name="head")(x)
+    units = "_".join(map(str, stage_units)) or "root"
+    return keras.Model(images, logits, name=name or f"resnet_{units}_w{width}")

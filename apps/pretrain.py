@@ -31,7 +31,7 @@ OBJECTIVES = ("masked-patch",)
 
 
 def build_parser():
-    parser = train.build_parser("pretrain", __doc__)
+    parser = train.build_parser("pretrain", __doc__, classifier=False)
     group = parser.add_argument_group("masked patch prediction")
     group.add_argument("--objective", default="masked-patch", choices=OBJECTIVES,
                        help="the self-supervised objective (the paper's)")

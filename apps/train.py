@@ -74,7 +74,16 @@ RUN_FILES = (ARGUMENTS_FILE, "history.json", "history.csv", "backup", "last.kera
 NOT_RUN_ARGUMENTS = ("debug", "verbose", "overwrite", "run_dir", "keep_checkpoints")
 
 
-def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentParser:
+# What a classifier's training adds to the flags (build_parser's classifier=True): a teacher,
+# and a convnet in place of the ViT; another objective (apps.pretrain) leaves them out.
+CLASSIFIER_DEFAULTS = dict(teacher=None, distillation=None, distillation_token=False,
+                           convnet=False)
+
+
+def build_parser(name: str = "train", doc: str = __doc__,
+                 classifier: bool = True) -> argparse.ArgumentParser:
+    """The training flags; classifier=False leaves out those of a classifier's training only
+    (CLASSIFIER_DEFAULTS)."""
     parser = app_parser(name, doc)
     source = add_data_arguments(parser, "training and held-out images")
     source.add_argument("--eval-folder", help="held-out DIR/<class>/<images> for --folder")
@@ -142,6 +151,20 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
     fit.add_argument("--recipe-option", action="append", default=[], metavar="FIELD=VALUE",
                      help="change one field of the recipe (vit_keras.training.Recipe), e.g. "
                           "label_smoothing=0.1; repeat for more")
+    model = add_model_arguments(
+        parser, "the reference run's model (a hybrid: 32-pixel images through a ResNet stem of "
+                "width 32 and one bottleneck unit, 2x2 patches of its feature map, 4 blocks of "
+                "width 64, global average pooling, sincos2d); with --variant, --image-size is "
+                "224 unless given", image_size=None)
+    if classifier:
+        add_classifier_arguments(parser, model)
+    else:
+        parser.set_defaults(**CLASSIFIER_DEFAULTS)
+    return parser
+
+
+def add_classifier_arguments(parser: argparse.ArgumentParser, model) -> None:
+    """A teacher's flags (docs/distillation.md), and --convnet among the model's."""
     teach = parser.add_argument_group(
         "training with a teacher (docs/distillation.md)",
         "DeiT's distillation: the teacher's logits as a second target, its own head with "
@@ -157,11 +180,6 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                        help="give the student DeiT's distillation token (needs --classifier "
                             "token): the teacher's term trains its head, the labels the class "
                             "token's; the saved model answers with their mean")
-    model = add_model_arguments(
-        parser, "the reference run's model (a hybrid: 32-pixel images through a ResNet stem of "
-                "width 32 and one bottleneck unit, 2x2 patches of its feature map, 4 blocks of "
-                "width 64, global average pooling, sincos2d); with --variant, --image-size is "
-                "224 unless given", image_size=None)
     model.add_argument("--convnet", action="store_true",
                        help="train the paper's ResNet (the hybrids' stem, BiT-style) with "
                             "global average pooling and a head instead of a ViT, shaped by "
@@ -169,7 +187,6 @@ def build_parser(name: str = "train", doc: str = __doc__) -> argparse.ArgumentPa
                             f"(default {','.join(map(str, CONVNET_MODEL['resnet_layers']))}, "
                             f"{CONVNET_MODEL['resnet_width']}, {CONVNET_MODEL['image_size']} "
                             "px): a teacher for distillation, or a convnet baseline")
-    return parser
 
 
 def fill_defaults(args) -> None:

@@ -86,17 +86,31 @@ def bipartite_merge(x, sizes, keys, r: int, prefix: int):
     order = (ops.cumsum(kept, axis=1) - 1) * kept
     placement = kept[..., None] * one_hot(order, a_count - r)               # (batch, A, A-r)
 
-    def merge(values, product):
-        """values (batch, tokens, C) placed and added up by product(weights, a)."""
+    # Each token's share of the token it ends in (its size over that token's): a weighted
+    # mean of shares in [0, 1] keeps a full-integer file's ranges those of the tokens, where
+    # a sum of tokens times sizes, divided after, would quantize the tokens of size 1 coarsely.
+    a_sizes, b_sizes = sizes[:, 0::2], sizes[:, 1::2]
+    b_totals = b_sizes + integer_product(transfer, a_sizes)
+    a_totals = kept[..., None] * a_sizes + integer_product(ops.transpose(transfer, (0, 2, 1)),
+                                                           b_totals)
+
+    def share(part, totals):
+        return ops.cast(part, "float32") / ops.cast(totals, "float32")
+
+    def merge(values, product, shares=None):
+        """values (batch, tokens, C) placed and added up by product(weights, a), A's and B's
+        scaled by shares (theirs) where given."""
         a, b = values[:, 0::2], values[:, 1::2]
+        if shares is not None:
+            a, b = a * shares[0], b * shares[1]
         unmerged, b = product(placement, a), b + product(transfer, a)
         parts = [values[:, :prefix], unmerged[:, (prefix + 1) // 2:], b[:, prefix // 2:]]
         # No empty piece (no prefix): LiteRT's XNNPACK delegate fails on zero-size tensors.
         return ops.concatenate([part for part in parts if part.shape[1]], axis=1)
 
-    weighted = merge(ops.cast(x, "float32") * ops.cast(sizes, "float32"), float_product)
-    sizes = merge(sizes, integer_product)
-    return ops.cast(weighted / ops.cast(sizes, "float32"), x.dtype), sizes
+    merged_x = merge(ops.cast(x, "float32"), float_product,
+                     (share(a_sizes, a_totals), share(b_sizes, b_totals)))
+    return ops.cast(merged_x, x.dtype), merge(sizes, integer_product)
 
 
 def float_product(weights, values):

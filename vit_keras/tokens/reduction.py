@@ -77,40 +77,42 @@ def bipartite_merge(x, sizes, keys, r: int, prefix: int):
     # Each A token's best score and B token in one top_k: Keras' argmax of floats on
     # TensorFlow checks the sign bit with a bitwise op that TFLite's builtins lack.
     best, targets = ops.top_k(scores, 1)
+    targets = targets[..., 0]                                               # (batch, A)
     _, merged = ops.top_k(best[..., 0], r)
-    targets = ops.take_along_axis(targets[..., 0], merged, axis=1)
     a_count, b_count = (tokens + 1) // 2, tokens // 2
-    sources = one_hot(merged, a_count)                                      # (batch, r, A)
-    transfer = ops.sum(sources[..., None] * one_hot(targets, b_count)[:, :, None], axis=1)
-    kept = 1 - ops.sum(sources, axis=1)                                     # (batch, A)
+    kept = 1 - ops.sum(one_hot(merged, a_count), axis=1)                    # (batch, A)
+    transfer = (1 - kept)[..., None] * one_hot(targets, b_count)            # (batch, A, B)
     order = (ops.cumsum(kept, axis=1) - 1) * kept
     placement = kept[..., None] * one_hot(order, a_count - r)               # (batch, A, A-r)
 
+    # Sizes in int32 by gathers and one integer sum: the kept A tokens' positions in order
+    # (the largest kept x (A - position)), and each B token's size plus those merged into it.
+    a_sizes, b_sizes = sizes[:, 0::2], sizes[:, 1::2]
+    _, kept_positions = ops.top_k(kept * (a_count - ops.arange(a_count, dtype="int32")),
+                                  a_count - r)
+    b_totals = b_sizes + integer_product(transfer, a_sizes)
     # Each token's share of the token it ends in (its size over that token's): a weighted
     # mean of shares in [0, 1] keeps a full-integer file's ranges those of the tokens, where
     # a sum of tokens times sizes, divided after, would quantize the tokens of size 1 coarsely.
-    a_sizes, b_sizes = sizes[:, 0::2], sizes[:, 1::2]
-    b_totals = b_sizes + integer_product(transfer, a_sizes)
-    a_totals = kept[..., None] * a_sizes + integer_product(ops.transpose(transfer, (0, 2, 1)),
-                                                           b_totals)
+    a_totals = (kept[..., None] * a_sizes + (1 - kept)[..., None]
+                * ops.take_along_axis(b_totals, targets[..., None], axis=1))
 
     def share(part, totals):
         return ops.cast(part, "float32") / ops.cast(totals, "float32")
 
-    def merge(values, product, shares=None):
-        """values (batch, tokens, C) placed and added up by product(weights, a), A's and B's
-        scaled by shares (theirs) where given."""
-        a, b = values[:, 0::2], values[:, 1::2]
-        if shares is not None:
-            a, b = a * shares[0], b * shares[1]
-        unmerged, b = product(placement, a), b + product(transfer, a)
+    def assemble(values, unmerged, b):
+        """The prefix of values, then the unmerged A tokens and the B tokens after it."""
         parts = [values[:, :prefix], unmerged[:, (prefix + 1) // 2:], b[:, prefix // 2:]]
         # No empty piece (no prefix): LiteRT's XNNPACK delegate fails on zero-size tensors.
         return ops.concatenate([part for part in parts if part.shape[1]], axis=1)
 
-    merged_x = merge(ops.cast(x, "float32"), float_product,
-                     (share(a_sizes, a_totals), share(b_sizes, b_totals)))
-    return ops.cast(merged_x, x.dtype), merge(sizes, integer_product)
+    values = ops.cast(x, "float32")
+    a = values[:, 0::2] * share(a_sizes, a_totals)
+    b = values[:, 1::2] * share(b_sizes, b_totals)
+    merged_x = assemble(values, float_product(placement, a), b + float_product(transfer, a))
+    return (ops.cast(merged_x, x.dtype),
+            assemble(sizes, ops.take_along_axis(a_sizes, kept_positions[..., None], axis=1),
+                     b_totals))
 
 
 def float_product(weights, values):

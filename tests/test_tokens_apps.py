@@ -5,6 +5,7 @@ model is verified against it and answers like it when read back."""
 
 import json
 import math
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -266,3 +267,49 @@ def test_predict_merges_the_tokens_of_a_release(weights_server):
     assert np.abs(expected / probabilities(source, pixels)[0] - 1).max() > 1e-5
     best = np.argsort(expected)[::-1][:3]
     np.testing.assert_allclose([p for *_, p in results[0]], expected[best], rtol=1e-6)
+
+
+@in_tensorflow_pass
+@pytest.mark.parametrize("budget", list(EXPORTS))
+def test_class_token_is_folded_in_a_merged_or_pruned_model(trained, budget, tmp_path):
+    """Export folds block 0's class-token rows of a reduced model as of any ViT
+    (ClassTokenFolded), the same function; so a class token far smaller than the patch tokens
+    (the trained model's, shrunk 10x) survives the full-integer file, whose top-1 agrees
+    with the reduced Keras model as the unreduced model's does (unfolded, 71% merged, 78%
+    pruned)."""
+    from vit_keras import export
+
+    folder, _, images = trained
+    model = keras.saving.load_model(folder / "model.keras")
+    cls = model.get_layer("cls").cls
+    cls.assign(cls * 0.1)
+    posemb = model.get_layer("Transformer_posembed_input").pos_embedding
+    posemb.assign(keras.ops.concatenate([posemb[:, :1] * 0.1, posemb[:, 1:]], axis=1))
+    reduced = EXPORTS[budget][1](model)
+    assert export.ClassTokenFolded.applies_to(reduced)
+    x = vk.preprocess(images[:8])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(export.ClassTokenFolded(reduced)(x)),
+                               keras.ops.convert_to_numpy(reduced(x)), rtol=1e-5, atol=1e-5)
+    report = export.export_all(reduced, str(tmp_path / "out"), images[:150],
+                               representative=images[:100], formats=("tflite_int8",))
+    assert report["formats"]["tflite_int8"]["top1_agreement"] >= 0.99
+
+
+@in_tensorflow_pass
+def test_full_integer_file_of_a_merged_fashion_mnist_model_runs_and_agrees(tmp_path):
+    """The committed Fashion-MNIST model (49 tokens, 4 blocks) merging 12 tokens a block: its
+    full-integer file runs in LiteRT, the sizes counted in integers (quantized, a size of 1
+    became 0 and LiteRT's division failed), and agrees with the Keras model within 3 points
+    of the unreduced model's file, on test images."""
+    from vit_keras import data, export
+
+    model = keras.saving.load_model(Path(__file__).parents[1] / "docs" / "models"
+                                    / "fashion_mnist_p4.keras")
+    images = np.repeat(data.load_fashion_mnist("test")[0][:300], 3, axis=-1)
+    agreement = {}
+    for name, subject in (("none", model), ("merged", vk.merge_tokens(model, 12))):
+        report = export.export_all(subject, str(tmp_path / name), images[:200],
+                                   representative=images[200:], formats=("tflite_int8",),
+                                   tolerances={"tflite_int8": (None, 0.0)})
+        agreement[name] = report["formats"]["tflite_int8"]["top1_agreement"]
+    assert agreement["merged"] >= agreement["none"] - 0.03 and agreement["none"] >= 0.95

@@ -6,7 +6,9 @@ import keras
 
 from vit_keras import compat, configs
 from vit_keras.intermediates import built_image_size
+from vit_keras.layers import TransformerBlock
 from vit_keras.preprocessing import input_convention, takes_raw_images
+from vit_keras.tokens.reduction import ReducedBlock
 
 
 def serving_model(model: keras.Model, fold_class_token: bool = False,
@@ -47,7 +49,9 @@ class ClassTokenFolded(keras.Model):
     than the patch tokens, so a full-integer file's per-tensor scales round it to zero, and
     block 0's LayerNorm 1/std, quantized over both ranges, loses the patch tokens' precision
     too. Those rows do not depend on the image: computing them here leaves the integer file
-    only well-scaled tensors (docs/export.md measures the difference).
+    only well-scaled tensors (docs/export.md measures the difference). A model that merges or
+    prunes tokens (vk.merge_tokens, vk.prune_tokens) is folded alike: its first block is a
+    ReducedBlock, and the layers after it pass the tokens' sizes along.
 
     Args:
         model: a ViT that applies_to says can be folded.
@@ -56,8 +60,11 @@ class ClassTokenFolded(keras.Model):
 
     def __init__(self, model: keras.Model, **kwargs):
         super().__init__(name=model.name, **kwargs)
-        self.patches = keras.Model(model.input, model.get_layer(configs.EMBEDDING).output)
-        self.block = model.get_layer(configs.block_name(0))
+        embedding = own_node(model, model.get_layer(configs.EMBEDDING))
+        self.patches = keras.Model(model.input, embedding.outputs[0])
+        node = first_block_node(model)
+        self.block = node.operation
+        block = self.block.layer if isinstance(self.block, ReducedBlock) else self.block
         class_row = keras.ops.convert_to_numpy(model.get_layer(configs.CLASS_TOKEN).cls)
         table = model.get_layer(configs.POSITION_EMBEDDING).embedding()
         self.patch_posemb = None
@@ -65,8 +72,11 @@ class ClassTokenFolded(keras.Model):
             table = keras.ops.convert_to_numpy(table)
             class_row, self.patch_posemb = class_row + table[:, :1], table[:, 1:]
         self.class_row = class_row
-        self.class_normed = keras.ops.convert_to_numpy(self.block.norm_0(class_row))
-        self.rest = model.layers[model.layers.index(self.block) + 1:]
+        self.class_normed = keras.ops.convert_to_numpy(block.norm_0(class_row))
+        self.norm_0 = block.norm_0
+        # The model after its first block, from that block's outputs (tokens, and sizes).
+        outputs = node.outputs
+        self.rest = keras.Model(outputs if len(outputs) > 1 else outputs[0], model.output)
 
     @classmethod
     def applies_to(cls, model: keras.Model, image_size=None) -> bool:
@@ -83,15 +93,14 @@ class ClassTokenFolded(keras.Model):
             True where ClassTokenFolded(model) computes the same function.
         """
         names = [layer.name for layer in model.layers]
-        first_block = configs.block_name(0)
-        if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING,
-                first_block} <= set(names):
+        if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING} <= set(
+                names) or first_block_node(model) is None:
             return False
         if {configs.REGISTERS, configs.DISTILLATION_TOKEN, configs.PRE_NORM} & set(names):
             return False
         if tuple(image_size or model.input.shape[1:3]) != built_image_size(model):
             return False
-        rest = model.layers[names.index(first_block):]
+        rest = model.layers[model.layers.index(first_block_node(model).operation):]
         # Only the model's own graph counts: a layer may be called elsewhere too (the
         # encoder norm in a vit_keras.intermediates.features model, say).
         own = compat.own_node_ids(model)
@@ -112,8 +121,20 @@ class ClassTokenFolded(keras.Model):
 
         x = keras.ops.concatenate([class_rows(self.class_row), patches], axis=1)
         normed = keras.ops.concatenate(
-            [class_rows(self.class_normed), self.block.norm_0(patches)], axis=1)
-        x = self.block(x, normed=normed)
-        for layer in self.rest:
-            x = layer(x)
-        return x
+            [class_rows(self.class_normed), self.norm_0(patches)], axis=1)
+        return self.rest(self.block(x, normed=normed))
+
+
+def own_node(model: keras.Model, layer):
+    """The node of model's own graph where layer is called: a model made from another by
+    vk.merge_tokens or vk.prune_tokens calls the same layers, so .output would be the other's."""
+    own = compat.own_node_ids(model)
+    return next(node for node in compat.inbound_nodes(layer) if id(node) in own)
+
+
+def first_block_node(model: keras.Model):
+    """own_node of model's first block: a TransformerBlock, or the ReducedBlock wrapping one
+    (a token budget); None where it has none."""
+    blocks = [layer for layer in model.layers
+              if isinstance(layer, (TransformerBlock, ReducedBlock))]
+    return own_node(model, blocks[0]) if blocks else None

@@ -59,7 +59,8 @@ def bipartite_merge(x, sizes, keys, r: int, prefix: int):
 
     Args:
         x: the tokens (batch, tokens, D), prefix first.
-        sizes: their sizes (batch, tokens, 1), float32.
+        sizes: their sizes (batch, tokens, 1), int32: counts kept as integers, which a
+            full-integer TFLite file would otherwise round.
         keys: the block's keys (batch, tokens, heads, D_h).
         r: the tokens to merge away, at most merge_count.
         prefix: the prefix tokens, never merged.
@@ -76,28 +77,53 @@ def bipartite_merge(x, sizes, keys, r: int, prefix: int):
     # Each A token's best score and B token in one top_k: Keras' argmax of floats on
     # TensorFlow checks the sign bit with a bitwise op that TFLite's builtins lack.
     best, targets = ops.top_k(scores, 1)
+    targets = targets[..., 0]                                               # (batch, A)
     _, merged = ops.top_k(best[..., 0], r)
-    targets = ops.take_along_axis(targets[..., 0], merged, axis=1)
     a_count, b_count = (tokens + 1) // 2, tokens // 2
-    sources = one_hot(merged, a_count)                                      # (batch, r, A)
-    transfer = ops.einsum("bri,brj->bij", ops.cast(sources, "float32"),
-                          ops.cast(one_hot(targets, b_count), "float32"))
-    kept = 1 - ops.sum(sources, axis=1)                                     # (batch, A)
+    kept = 1 - ops.sum(one_hot(merged, a_count), axis=1)                    # (batch, A)
+    transfer = (1 - kept)[..., None] * one_hot(targets, b_count)            # (batch, A, B)
     order = (ops.cumsum(kept, axis=1) - 1) * kept
-    placement = ops.cast(kept[..., None] * one_hot(order, a_count - r),     # (batch, A, A-r)
-                         "float32")
+    placement = kept[..., None] * one_hot(order, a_count - r)               # (batch, A, A-r)
 
-    def merge(values):
-        a, b = values[:, 0::2], values[:, 1::2]
-        unmerged = ops.einsum("bik,bic->bkc", placement, a)
-        b = b + ops.einsum("bij,bic->bjc", transfer, a)
+    # Sizes in int32 by gathers and one integer sum: the kept A tokens' positions in order
+    # (the largest kept x (A - position)), and each B token's size plus those merged into it.
+    a_sizes, b_sizes = sizes[:, 0::2], sizes[:, 1::2]
+    _, kept_positions = ops.top_k(kept * (a_count - ops.arange(a_count, dtype="int32")),
+                                  a_count - r)
+    b_totals = b_sizes + integer_product(transfer, a_sizes)
+    # Each token's share of the token it ends in (its size over that token's): a weighted
+    # mean of shares in [0, 1] keeps a full-integer file's ranges those of the tokens, where
+    # a sum of tokens times sizes, divided after, would quantize the tokens of size 1 coarsely.
+    a_totals = (kept[..., None] * a_sizes + (1 - kept)[..., None]
+                * ops.take_along_axis(b_totals, targets[..., None], axis=1))
+
+    def share(part, totals):
+        return ops.cast(part, "float32") / ops.cast(totals, "float32")
+
+    def assemble(values, unmerged, b):
+        """The prefix of values, then the unmerged A tokens and the B tokens after it."""
         parts = [values[:, :prefix], unmerged[:, (prefix + 1) // 2:], b[:, prefix // 2:]]
         # No empty piece (no prefix): LiteRT's XNNPACK delegate fails on zero-size tensors.
         return ops.concatenate([part for part in parts if part.shape[1]], axis=1)
 
-    weighted = merge(ops.cast(x, "float32") * sizes)
-    sizes = merge(sizes)
-    return ops.cast(weighted / sizes, x.dtype), sizes
+    values = ops.cast(x, "float32")
+    a = values[:, 0::2] * share(a_sizes, a_totals)
+    b = values[:, 1::2] * share(b_sizes, b_totals)
+    merged_x = assemble(values, float_product(placement, a), b + float_product(transfer, a))
+    return (ops.cast(merged_x, x.dtype),
+            assemble(sizes, ops.take_along_axis(a_sizes, kept_positions[..., None], axis=1),
+                     b_totals))
+
+
+def float_product(weights, values):
+    """sum_i weights[b, i, k] values[b, i, c]: a matrix product in float32."""
+    return ops.einsum("bik,bic->bkc", ops.cast(weights, "float32"), values)
+
+
+def integer_product(weights, values):
+    """float_product of int32 weights and values as a sum of products, which stays in int32
+    in TFLite (whose batch matrix product has no int32 kernel)."""
+    return ops.sum(weights[..., None] * values[:, :, None], axis=1)
 
 
 def class_attention_prune(x, sizes, probabilities, keep: int, prefix: int):
@@ -107,7 +133,7 @@ def class_attention_prune(x, sizes, probabilities, keep: int, prefix: int):
 
     Args:
         x: the tokens (batch, tokens, D), the class token first.
-        sizes: their sizes (batch, tokens, 1), float32.
+        sizes: their sizes (batch, tokens, 1), int32.
         probabilities: the block's attention (batch, heads, tokens, tokens).
         keep: the non-prefix tokens kept.
         prefix: the prefix tokens, always kept.
@@ -118,16 +144,16 @@ def class_attention_prune(x, sizes, probabilities, keep: int, prefix: int):
     """
     attention = ops.mean(ops.cast(probabilities[:, :, 0, prefix:], "float32"), axis=1)
     _, chosen = ops.top_k(attention, keep)
-    dropped = ops.cast(1 - ops.sum(one_hot(chosen, x.shape[1] - prefix), axis=1), "float32")
+    dropped = 1 - ops.sum(one_hot(chosen, x.shape[1] - prefix), axis=1)    # (batch, N)
 
-    def reorganise(values, weights):
-        rest = values[:, prefix:]
-        kept = ops.take_along_axis(rest, chosen[..., None], axis=1)
-        fused = ops.einsum("bn,bnc->bc", weights, ops.cast(rest, "float32"))[:, None]
-        return ops.concatenate([values[:, :prefix], kept, ops.cast(fused, values.dtype)],
-                               axis=1)
+    def reorganise(values, fused):
+        kept = ops.take_along_axis(values[:, prefix:], chosen[..., None], axis=1)
+        return ops.concatenate([values[:, :prefix], kept, fused], axis=1)
 
-    return reorganise(x, attention * dropped), reorganise(sizes, dropped)
+    weights = attention * ops.cast(dropped, "float32")
+    fused = ops.einsum("bn,bnc->bc", weights, ops.cast(x[:, prefix:], "float32"))[:, None]
+    return (reorganise(x, ops.cast(fused, x.dtype)),
+            reorganise(sizes, integer_product(dropped[..., None], sizes[:, prefix:])))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +199,10 @@ def _check_kind(kind: str) -> Reduction:
 class ReducedBlock(keras.layers.Wrapper):
     """A TransformerBlock that reduces its tokens between its attention residual and its MLP
     by one of REDUCTIONS, carrying each token's size (int32): call(tokens, sizes) -> (tokens,
-    sizes); sizes None means all ones. The block's weights are its own (shared with the model
-    it came from); stochastic depth and dropout apply in training as in the block, remat
-    does not.
+    sizes); sizes None means all ones; normed is the block's first LayerNorm of the tokens
+    where it is known (vit_keras.export.ClassTokenFolded), as in TransformerBlock. The
+    block's weights are its own (shared with the model it came from); stochastic depth and
+    dropout apply in training as in the block, remat does not.
 
     Args:
         layer: the TransformerBlock.
@@ -209,25 +236,26 @@ class ReducedBlock(keras.layers.Wrapper):
         """The tokens this block outputs for that many in."""
         return self.reduction.count(tokens, self.num_prefix_tokens, self.amount)
 
-    def call(self, tokens, sizes=None, training=None):
+    def call(self, tokens, sizes=None, training=None, normed=None):
         block, count = self.layer, tokens.shape[1]
-        # Sizes travel as int32, which mixed precision leaves alone (a bfloat16 count is exact
-        # only to 256), and are float32 inside.
-        sizes = (ops.ones_like(tokens[..., :1], dtype="float32") if sizes is None
-                 else ops.cast(sizes, "float32"))
-        key_bias = ops.log(sizes[..., 0]) if self.reduction.size_weighted else None
+        # Sizes are counted in int32, which mixed precision leaves alone (a bfloat16 count is
+        # exact only to 256) and a full-integer TFLite file does not round.
+        sizes = (ops.ones_like(tokens[..., :1], dtype="int32") if sizes is None
+                 else ops.cast(sizes, "int32"))
+        key_bias = (ops.log(ops.cast(sizes[..., 0], "float32"))
+                    if self.reduction.size_weighted else None)
         reduces = self.tokens_after(count) < count
         needs = {"return_keys": reduces and self.reduction.needs == "keys",
                  "return_attention_scores": reduces and self.reduction.needs == "probabilities"}
         scales = block.residual_scales(tokens, training)
-        x, *extras = block.attention_residual(tokens, scales, training, key_bias=key_bias,
-                                              **needs)
+        x, *extras = block.attention_residual(tokens, scales, training, normed=normed,
+                                              key_bias=key_bias, **needs)
         if reduces:
             x, sizes = self.reduction.apply(x, sizes, extras[0], count,
                                             self.num_prefix_tokens, self.amount)
-        return block.mlp_residual(x, scales, training), ops.cast(sizes, "int32")
+        return block.mlp_residual(x, scales, training), sizes
 
-    def compute_output_spec(self, tokens, sizes=None, training=None):
+    def compute_output_spec(self, tokens, sizes=None, training=None, normed=None):
         batch, count, width = tokens.shape
         after = self.tokens_after(count)
         return (keras.KerasTensor((batch, after, width), dtype=self.compute_dtype),

@@ -34,6 +34,9 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.convnet:
+        raise ValueError("--convnet trains a ResNet from scratch (vit-keras train --convnet); "
+                         "vit-keras finetune starts from a ViT checkpoint")
     args.weights = args.weights_file
     args.recipe_option = [*args.recipe_option,
                           *(f"{field}={getattr(args, field)!r}" for field in RECIPE_FLAGS

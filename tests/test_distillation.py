@@ -305,3 +305,15 @@ def test_finetune_teaches_from_a_teacher_of_another_size_and_refuses_a_token_it_
     with pytest.raises(ValueError, match="the model has DeiT's distillation token "
                                          r"\('dist_token/tokens'\), the checkpoint has not"):
         finetune.main([*argv, "--distillation-token", "--run-dir", str(tmp_path / "token")])
+
+
+@backend_independent
+def test_finetune_refuses_convnet_in_one_line(tmp_path, capsys):
+    from apps import finetune
+
+    with pytest.raises(SystemExit) as exit:
+        run(finetune.main, ["weights.npz", "--convnet", "--run-dir", str(tmp_path / "run")])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.startswith(
+        "error: --convnet trains a ResNet from scratch (vit-keras train --convnet); vit-keras "
+        "finetune starts from a ViT checkpoint")

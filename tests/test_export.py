@@ -316,6 +316,15 @@ def test_class_token_fold_takes_only_vits_plain_chain():
     assert not ClassTokenFolded.applies_to(branched)
 
 
+def with_small_class_token(model, factor=0.1):
+    """`model` with its class token and that token's position embedding scaled by factor."""
+    cls = model.get_layer("cls").cls
+    cls.assign(cls * factor)
+    posemb = model.get_layer("Transformer_posembed_input").pos_embedding
+    posemb.assign(keras.ops.concatenate([posemb[:, :1] * factor, posemb[:, 1:]], axis=1))
+    return model
+
+
 @in_tensorflow_pass
 def test_full_integer_file_keeps_a_small_class_token(trained, tmp_path):
     """A class token far smaller than the patch tokens (the trained tiny model's, shrunk 10x:
@@ -324,11 +333,7 @@ def test_full_integer_file_keeps_a_small_class_token(trained, tmp_path):
     from vit_keras.export.formats import full_integer_int8
 
     folder, _, images = trained
-    model = keras.saving.load_model(folder / "model.keras")
-    cls = model.get_layer("cls").cls
-    cls.assign(cls * 0.1)
-    posemb = model.get_layer("Transformer_posembed_input").pos_embedding
-    posemb.assign(keras.ops.concatenate([posemb[:, :1] * 0.1, posemb[:, 1:]], axis=1))
+    model = with_small_class_token(keras.saving.load_model(folder / "model.keras"))
     report = export.export_all(model, str(tmp_path / "folded"), images[:200],
                                representative=images[200:], formats=("tflite_int8",))
     assert report["formats"]["tflite_int8"]["top1_agreement"] >= 0.99

@@ -18,7 +18,7 @@ from apps import export as export_app
 from apps.common import run
 from tests.conftest import TINY, backend_independent, in_tensorflow_pass, randomize
 from tests.test_apps import write_images
-from tests.test_export import quadrant_data
+from tests.test_export import quadrant_data, with_small_class_token
 from vit_keras.export import FORMATS, Predictor
 
 PATCHES = (32 // TINY["patch_size"]) ** 2  # 16 patch tokens at 32 px, plus the class token
@@ -280,11 +280,7 @@ def test_class_token_is_folded_in_a_merged_or_pruned_model(trained, budget, tmp_
     from vit_keras import export
 
     folder, _, images = trained
-    model = keras.saving.load_model(folder / "model.keras")
-    cls = model.get_layer("cls").cls
-    cls.assign(cls * 0.1)
-    posemb = model.get_layer("Transformer_posembed_input").pos_embedding
-    posemb.assign(keras.ops.concatenate([posemb[:, :1] * 0.1, posemb[:, 1:]], axis=1))
+    model = with_small_class_token(keras.saving.load_model(folder / "model.keras"))
     reduced = EXPORTS[budget][1](model)
     assert export.ClassTokenFolded.applies_to(reduced)
     x = vk.preprocess(images[:8])

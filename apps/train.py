@@ -158,8 +158,7 @@ def build_parser(name: str = "train", doc: str = __doc__,
                 "224 unless given", image_size=None)
     if classifier:
         add_classifier_arguments(parser, model)
-    else:
-        parser.set_defaults(**CLASSIFIER_DEFAULTS)
+    parser.set_defaults(**CLASSIFIER_DEFAULTS)  # the flags' defaults, and without them
     return parser
 
 
@@ -170,10 +169,10 @@ def add_classifier_arguments(parser: argparse.ArgumentParser, model) -> None:
         "DeiT's distillation: the teacher's logits as a second target, its own head with "
         "--distillation-token; tau and lambda with --recipe-option distillation_temperature=T "
         "and distillation_weight=L")
-    teach.add_argument("--teacher", default=None, metavar="TEACHER.keras",
+    teach.add_argument("--teacher", metavar="TEACHER.keras",
                        help="the teacher: any Keras classifier of the same classes saved as "
                             ".keras (a run's model.keras), frozen while the student trains")
-    teach.add_argument("--distillation", default=None, choices=["hard", "soft"],
+    teach.add_argument("--distillation", choices=["hard", "soft"],
                        help="the teacher's term: its top-1 as a label (hard), or its "
                             "distribution at temperature tau (soft)")
     teach.add_argument("--distillation-token", action="store_true",

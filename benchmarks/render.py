@@ -303,7 +303,7 @@ def distillation_rows(reports: list[dict]) -> list[dict]:
     """benchmarks.distillation's runs, each over its seeds, with its seeds' test accuracies,
     its teacher's test accuracy and minutes ("" for the run without one), and the run chosen
     on the validation split marked."""
-    return [{**row, "minutes": row["fit_seconds"] / 60, "teacher": row["teacher"] or "",
+    return [{**row, "teacher": row["teacher"] or "",
              "per_seed": ", ".join(f"{value:.2%}" for value in row["test_accuracies"]),
              "teacher_test": ("" if row["teacher"] is None
                               else f"{row['teacher_test_accuracy']:.2%}"),
@@ -487,7 +487,7 @@ BLOCKS = {
             ("vs no teacher (points)", "{test_change:+.2f}"),
             ("model.fit minutes (mean)", "{minutes:.1f}"), ("teacher's test", "{teacher_test}"),
             ("teacher's model.fit minutes", "{teacher_minutes}"),
-            ("on validation", "{chosen}")), distillation_rows)),
+            ("on validation", "{chosen}")), minutes(distillation_rows))),
     "inputsize": (
         backend_line(PAPER.format("input_size"), **{
             "inference batch": "{batch}", "calls timed (median)": "{repeats}",

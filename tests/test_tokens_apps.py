@@ -4,7 +4,6 @@ vk.merge_tokens / vk.prune_tokens make of the loaded one, and every export forma
 model is verified against it and answers like it when read back."""
 
 import json
-import math
 from pathlib import Path
 
 import keras
@@ -17,32 +16,12 @@ from apps import evaluate, predict
 from apps import export as export_app
 from apps.common import run
 from tests.conftest import TINY, backend_independent, in_tensorflow_pass, randomize
+from tests.numpy_tokens import merged_counts, pruned_counts
 from tests.test_apps import write_images
 from tests.test_export import quadrant_data, with_small_class_token
 from vit_keras.export import FORMATS, Predictor
 
 PATCHES = (32 // TINY["patch_size"]) ** 2  # 16 patch tokens at 32 px, plus the class token
-
-
-def merged_counts(tokens: int, prefix: int, r: int, depth: int) -> list[int]:
-    """ToMe's tokens after each block: r fewer, at most half of those after the prefix."""
-    counts = []
-    for _ in range(depth):
-        tokens -= min(r, (tokens - prefix) // 2)
-        counts.append(tokens)
-    return counts
-
-
-def pruned_counts(tokens: int, prefix: int, keep_rate: float, blocks, depth: int) -> list[int]:
-    """EViT's tokens after each block: at a pruning block the prefix, ceil(keep_rate x the
-    rest) kept and one fused token (nothing where all are kept)."""
-    counts = []
-    for index in range(depth):
-        keep = math.ceil(keep_rate * (tokens - prefix))
-        if index in blocks and keep < tokens - prefix:
-            tokens = prefix + keep + 1
-        counts.append(tokens)
-    return counts
 
 
 def saved_model(folder, classifier="token"):
@@ -60,7 +39,7 @@ def probabilities(model, images) -> np.ndarray:
 BUDGETS = {  # flags, the model they ask for, its record in the apps' reports
     "merge": (["--merge-tokens", "2"], lambda model: vk.merge_tokens(model, 2),
               {"method": "merge_tokens", "r": [2, 2],
-               "tokens_per_block": merged_counts(1 + PATCHES, 1, 2, 2)}),
+               "tokens_per_block": merged_counts(1 + PATCHES, 1, [2, 2])}),
     # block 0: pruning in the last block cannot change what the class token reads
     "prune": (["--prune-tokens", "0.5", "--prune-blocks", "-2"],
               lambda model: vk.prune_tokens(model, 0.5, blocks=[0]),
@@ -206,7 +185,7 @@ def trained(tmp_path_factory):
 EXPORTS = {  # flags, the model they ask for, the folder's name ending, the report's record
     "merge": (["--merge-tokens", "4"], lambda model: vk.merge_tokens(model, 4), "_merge4",
               {"method": "merge_tokens", "r": [4, 4],
-               "tokens_per_block": merged_counts(1 + PATCHES, 1, 4, 2)}),
+               "tokens_per_block": merged_counts(1 + PATCHES, 1, [4, 4])}),
     "prune": (["--prune-tokens", "0.5", "--prune-blocks", "0", "-1"],
               lambda model: vk.prune_tokens(model, 0.5, blocks=[0, 1]), "_prune0.5_blocks0-1",
               {"method": "prune_tokens", "keep_rate": 0.5, "blocks": [0, 1],

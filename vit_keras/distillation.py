@@ -21,8 +21,8 @@ from vit_keras import configs
 from vit_keras.preprocessing import InputConvention, feeding
 
 __all__ = ["KINDS", "ClassHeadLoss", "TeacherLoss", "TeacherTerm", "distiller",
-           "has_distillation_token", "heads", "served", "served_accuracy", "served_top5",
-           "teacher_view", "training_student"]
+           "has_distillation_token", "heads", "served", "served_metric", "teacher_view",
+           "training_student"]
 
 KINDS = ("hard", "soft")
 """The teacher terms: DeiT's hard (the teacher's top-1 as a label) and soft (its tempered
@@ -128,15 +128,13 @@ class TeacherLoss(keras.distillation.DistillationLoss):
         if not temperature > 0:
             raise ValueError(f"distillation temperature {temperature!r}: expected a positive "
                              "number")
-        self.kind = kind
-        self.temperature = temperature
         self.term = TeacherTerm(kind, temperature)
 
     def compute_loss(self, teacher_outputs, student_outputs, **kwargs):
         return self.term(heads(teacher_outputs)[0], heads(student_outputs)[1])
 
     def get_config(self):
-        return {"kind": self.kind, "temperature": self.temperature}
+        return {"kind": self.term.kind, "temperature": self.term.temperature}
 
     @classmethod
     def from_config(cls, config):
@@ -173,16 +171,13 @@ def training_student(model: keras.Model) -> keras.Model:
 
 
 def _conversion(source: InputConvention, target: InputConvention) -> keras.layers.Rescaling:
-    """Inputs normalised by `source` renormalised by `target`: one affine map per channel."""
-    ratio = [t / s for s, t in zip(_channels(source.scale), _channels(target.scale), strict=True)]
-    offset = [t_offset - s_offset * r for s_offset, t_offset, r in
-              zip(_channels(source.offset), _channels(target.offset), ratio, strict=True)]
+    """Inputs normalised by `source` renormalised by `target`, one affine map per channel:
+    pixels = x std_s + mean_s on the [0, 1] scale, then (pixels - mean_t) / std_t."""
+    ratio = [s / t for s, t in zip(source.std, target.std, strict=True)]
+    offset = [(m_s - m_t) / t for m_s, m_t, t in zip(source.mean, target.mean, target.std,
+                                                     strict=True)]
     return keras.layers.Rescaling(ratio, offset=offset, dtype="float32",
                                   name="teacher_convention")
-
-
-def _channels(value) -> list[float]:
-    return list(value) if isinstance(value, tuple) else [value] * 3
 
 
 def teacher_view(teacher: keras.Model, student: keras.Model) -> keras.Model:
@@ -256,28 +251,17 @@ def distiller(student: keras.Model, teacher: keras.Model, kind: str, temperature
     return distiller
 
 
-def served_accuracy(y_true, y_pred):
-    """Top-1 accuracy of what the student answers with (served) against one-hot labels.
+def served_metric(y_true, y_pred, metric, **kwargs):
+    """A Keras metric function of what the student answers with (served), for
+    keras.metrics.MeanMetricWrapper.
 
     Args:
         y_true: one-hot (or mixed) labels, (batch, classes).
         y_pred: the student's training output.
+        metric: the metric function, such as keras.metrics.categorical_accuracy.
+        **kwargs: the metric's own arguments (k of top_k_categorical_accuracy).
 
     Returns:
-        1.0 or 0.0 per image.
+        The metric per image.
     """
-    return keras.metrics.categorical_accuracy(y_true, served(y_pred))
-
-
-def served_top5(y_true, y_pred):
-    """Top-5 accuracy of what the student answers with, at most over its classes.
-
-    Args:
-        y_true: one-hot (or mixed) labels, (batch, classes).
-        y_pred: the student's training output.
-
-    Returns:
-        1.0 or 0.0 per image.
-    """
-    return keras.metrics.top_k_categorical_accuracy(y_true, served(y_pred),
-                                                    k=min(5, y_pred.shape[-1]))
+    return metric(y_true, served(y_pred), **kwargs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keras
 
-from vit_keras import kernels
+from vit_keras import configs, kernels
 
 __all__ = ["GroupNorm", "MaxPool", "ResidualUnit", "StdConv", "classifier", "resnet_stem"]
 
@@ -186,14 +186,13 @@ def classifier(image_size, num_classes: int, stage_units: tuple[int, ...] = RESN
         ValueError: a stage of no units, a size or class count under 1, or a width that is
             no multiple of GroupNorm's 32 groups.
     """
-    height, width_px = (image_size, image_size) if isinstance(image_size, int) else image_size
+    height, width_px = configs.as_pair(image_size, "image_size")
     stage_units = tuple(stage_units)
     if not all(isinstance(units, int) and units >= 1 for units in stage_units):
         raise ValueError(f"stage_units: expected a positive number of units per stage, got "
                          f"{stage_units}")
-    for what, value in (("image_size", image_size), ("num_classes", num_classes),
-                        ("width", width)):
-        if min(value if isinstance(value, tuple | list) else (value,)) < 1:
+    for what, value in (("num_classes", num_classes), ("width", width)):
+        if value < 1:
             raise ValueError(f"{what}: expected at least 1, got {value}")
     if width % GROUP_NORM_GROUPS:
         raise ValueError(f"width: expected a multiple of {GROUP_NORM_GROUPS} (GroupNorm's "

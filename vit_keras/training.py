@@ -505,8 +505,13 @@ def compile_distiller(model: keras.Model, recipe: Recipe, total_steps: int,
     distiller.compile(
         optimizer=make_optimizer(recipe, model, total_steps, learning_rate),
         loss=distillation.ClassHeadLoss(recipe.label_smoothing),
-        metrics=[keras.metrics.MeanMetricWrapper(distillation.served_accuracy, name="accuracy"),
-                 keras.metrics.MeanMetricWrapper(distillation.served_top5, name="top5")],
+        metrics=[keras.metrics.MeanMetricWrapper(
+                     distillation.served_metric, name="accuracy",
+                     metric=keras.metrics.categorical_accuracy),
+                 keras.metrics.MeanMetricWrapper(
+                     distillation.served_metric, name="top5",
+                     metric=keras.metrics.top_k_categorical_accuracy,
+                     k=min(5, model.outputs[0].shape[-1]))],
         jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
     )

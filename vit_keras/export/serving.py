@@ -92,15 +92,16 @@ class ClassTokenFolded(keras.Model):
         Returns:
             True where ClassTokenFolded(model) computes the same function.
         """
-        names = [layer.name for layer in model.layers]
-        if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING} <= set(
-                names) or first_block_node(model) is None:
+        names = {layer.name for layer in model.layers}
+        if not {configs.EMBEDDING, configs.CLASS_TOKEN, configs.POSITION_EMBEDDING} <= names:
             return False
-        if {configs.REGISTERS, configs.DISTILLATION_TOKEN, configs.PRE_NORM} & set(names):
+        if {configs.REGISTERS, configs.DISTILLATION_TOKEN, configs.PRE_NORM} & names:
             return False
-        if tuple(image_size or model.input.shape[1:3]) != built_image_size(model):
+        first = first_block_node(model)
+        if first is None or tuple(image_size or model.input.shape[1:3]) != built_image_size(
+                model):
             return False
-        rest = model.layers[model.layers.index(first_block_node(model).operation):]
+        rest = model.layers[model.layers.index(first.operation):]
         # Only the model's own graph counts: a layer may be called elsewhere too (the
         # encoder norm in a vit_keras.intermediates.features model, say).
         own = compat.own_node_ids(model)

@@ -173,20 +173,19 @@ def _rebuild(model: keras.Model, kind: str, amounts: list, name: str | None) -> 
     vit, _ = find_vit(model)
     _check_reducible(vit, REDUCTIONS[kind].function)
     prefix = num_prefix_tokens(vit)
-    state = {"sizes": None, "block": 0}
+    block_amounts, sizes = iter(amounts), None  # the blocks are called in order
 
     def call(layer, *args, **kwargs):
+        nonlocal sizes
         if isinstance(layer, TransformerBlock):
-            index = state["block"]
-            state["block"] += 1
-            block = ReducedBlock(layer, kind, amounts[index], prefix,
+            block = ReducedBlock(layer, kind, next(block_amounts), prefix,
                                  name=f"{layer.name}_{kind}")
-            tokens, state["sizes"] = block(args[0], state["sizes"])
+            tokens, sizes = block(args[0], sizes)
             return tokens
         if (isinstance(layer, TokenPooling) and layer.method == "gap"
                 and REDUCTIONS[kind].size_weighted):
             return SizeWeightedPooling(layer.num_prefix_tokens, dtype="float32",
-                                       name=layer.name)(args[0], state["sizes"])
+                                       name=layer.name)(args[0], sizes)
         return layer(*args, **kwargs)
 
     rebuilt = keras.models.clone_model(model, clone_function=lambda layer: layer,

@@ -240,6 +240,12 @@ def test_a_teacher_the_student_cannot_learn_from_is_refused():
                                    10)
     with pytest.raises(ValueError, match="distillation_token=True needs a distillation"):
         training.Recipe("sgd", 0.1, "linear", 0, distillation_token=True)
+    with pytest.raises(ValueError, match="teacher 't.keras' needs a distillation"):
+        training.Recipe("sgd", 0.1, "linear", 0, teacher="t.keras")
+    plain = training.Recipe("sgd", 0.1, "linear", 0)
+    with pytest.raises(ValueError, match="a teacher needs a recipe with distillation"):
+        training.train(student, plain, None, epochs=1, steps_per_epoch=1, run_dir="unused",
+                       teacher=other)
 
 
 @pytest.mark.skipif(not FASHION_MNIST.exists(), reason="needs Debian's dataset-fashion-mnist")

@@ -76,8 +76,8 @@ class Recipe:
         source: where the recipe comes from (a paper and its table).
 
     Raises:
-        ValueError: layer_decay outside (0, 1], head_lr_multiplier not positive, or an
-            unknown distillation.
+        ValueError: layer_decay outside (0, 1], head_lr_multiplier not positive, an
+            unknown distillation, or a distillation token or teacher without a distillation.
     """
 
     optimizer: str
@@ -125,6 +125,9 @@ class Recipe:
         if self.distillation_token and not self.distillation:
             raise ValueError("distillation_token=True needs a distillation ('hard' or 'soft'): "
                              "the token's head learns from the teacher")
+        if self.teacher is not None and not self.distillation:
+            raise ValueError(f"teacher {self.teacher!r} needs a distillation ('hard' or "
+                             "'soft'): without one the teacher is not used")
 
 
 def _is_number(value) -> bool:
@@ -773,7 +776,13 @@ def train(model: keras.Model, recipe: Recipe, train_data, *, epochs: int, steps_
     Returns:
         The complete per-epoch history, {epoch: logs}, epochs run before an interruption
         included.
+
+    Raises:
+        ValueError: a teacher given with a recipe that has no distillation.
     """
+    if teacher is not None and not recipe.distillation:
+        raise ValueError("a teacher needs a recipe with distillation 'hard' or 'soft': "
+                         "without one the teacher is not used")
     distribution = distribution or distribute.choose("none")
     options = dict(jit_compile=jit_compile, steps_per_execution=steps_per_execution)
     with distribution.scope():

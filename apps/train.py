@@ -315,16 +315,17 @@ def recipe_from_arguments(args):
 def with_teacher_flags(args, recipe):
     """The recipe with --teacher, --distillation and --distillation-token, checked before
     the run starts."""
-    recipe = dataclasses.replace(
-        recipe, teacher=args.teacher or recipe.teacher,
-        distillation=args.distillation or recipe.distillation,
-        distillation_token=args.distillation_token or recipe.distillation_token)
-    if recipe.teacher and not recipe.distillation:
+    teacher = args.teacher or recipe.teacher
+    kind = args.distillation or recipe.distillation
+    if teacher and not kind:
         raise ValueError("--teacher needs --distillation hard or soft")
-    if recipe.distillation and not recipe.teacher:
-        raise ValueError(f"--distillation {recipe.distillation} needs --teacher TEACHER.keras")
-    if recipe.distillation and not os.path.isfile(recipe.teacher):
-        raise ValueError(f"--teacher {recipe.teacher!r}: expected a .keras file, found none")
+    if kind and not teacher:
+        raise ValueError(f"--distillation {kind} needs --teacher TEACHER.keras")
+    if kind and not os.path.isfile(teacher):
+        raise ValueError(f"--teacher {teacher!r}: expected a .keras file, found none")
+    recipe = dataclasses.replace(
+        recipe, teacher=teacher, distillation=kind,
+        distillation_token=args.distillation_token or recipe.distillation_token)
     classifier = args.classifier or CLASSIFIERS[0]
     if recipe.distillation_token and classifier != "token":
         raise ValueError(f"--distillation-token needs --classifier token (the distillation "

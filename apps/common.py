@@ -331,10 +331,10 @@ def check_token_budget(args) -> None:
 
 
 def with_token_budget(args, model):
-    """model with the budget of the token flags (model itself without them)."""
+    """model with the budget of the token flags (model itself without them), the flags
+    checked by check_token_budget."""
     import vit_keras as vk
 
-    check_token_budget(args)
     if args.merge_tokens is not None:
         return vk.merge_tokens(model, args.merge_tokens)
     if args.prune_tokens is not None:

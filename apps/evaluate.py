@@ -17,6 +17,7 @@ from .common import (
     add_token_budget_arguments,
     app_parser,
     beside_model,
+    check_token_budget,
     load_model,
     positive_int,
     run,
@@ -43,6 +44,7 @@ def main(argv=None):
                                       "(default: beside the model)")
     add_token_budget_arguments(parser, "the model before it is evaluated")
     args = parser.parse_args(argv)
+    check_token_budget(args)
     from vit_keras import data, evaluation, intermediates
     from vit_keras.preprocessing import feeding, input_convention
     from vit_keras.tokens.budget import token_budget

@@ -23,6 +23,7 @@ from .common import (
     app_parser,
     asks_token_budget,
     beside_model,
+    check_token_budget,
     image_paths,
     load_model,
     positive_int,
@@ -63,6 +64,7 @@ def main(argv=None):
                              "(default: the model's own input size)")
     add_token_budget_arguments(parser, "a .keras model or a release before it predicts")
     args = parser.parse_args(argv)
+    check_token_budget(args)
     import numpy as np
 
     from vit_keras import data

@@ -117,9 +117,8 @@ def test_bad_token_flags_are_refused_in_one_line(app, flags, message, capsys):
 
 @backend_independent
 @pytest.mark.parametrize("app", ["export", "predict", "evaluate"])
-def test_prune_blocks_without_prune_tokens_is_refused_in_one_line(tmp_path, app, capsys):
-    _, path = saved_model(tmp_path)
-    module, argv = app_call(app, path, ["--prune-blocks", "0"])
+def test_prune_blocks_without_prune_tokens_is_refused_before_loading(tmp_path, app, capsys):
+    module, argv = app_call(app, str(tmp_path / "missing.keras"), ["--prune-blocks", "0"])
     with pytest.raises(SystemExit) as exit:
         run(module.main, argv)
     assert exit.value.code == 2

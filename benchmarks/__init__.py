@@ -31,6 +31,38 @@ def write_json(report, path: str | None) -> None:
             json.dump(report, file, indent=1)
 
 
+def finished_or_trained(argv: list[str]) -> dict:
+    """apps.train's result of the run that argv describes: read where it finished with these
+    arguments (a finished run of other arguments there is refused by name), else trained,
+    resumed where it was interrupted."""
+    import keras
+
+    from apps import train
+
+    result = train.finished_result(argv)
+    if result is None:
+        result = train.main(argv)
+        keras.backend.clear_session()
+    return result
+
+
+def scored_on_test(model_path: str, limit: int | None = None) -> dict:
+    """vit-keras evaluate's report of the model on the test split (single views; the first
+    `limit` images where given), kept in test/evaluation.json beside the model and read from
+    there after: the test split is read once per model, however often a benchmark resumes."""
+    import keras
+
+    from apps import evaluate
+
+    out = os.path.join(os.path.dirname(model_path), "test")
+    path = os.path.join(out, "evaluation.json")
+    if not os.path.exists(path):
+        evaluate.main([model_path, "--out", out, *(["--limit", str(limit)] if limit else [])])
+        keras.backend.clear_session()
+    with open(path) as file:
+        return json.load(file)
+
+
 def revision(tree: str) -> str | None:
     """`git describe --always --dirty` of the tree, or None outside a git checkout."""
     done = subprocess.run(["git", "-C", tree, "describe", "--always", "--dirty"],

@@ -5,8 +5,7 @@ paper's few-shot probe of the trained representation."""
 
 import keras
 
-from apps import train
-from benchmarks import limit_flags
+from benchmarks import finished_or_trained, limit_flags
 from benchmarks.probes import probes
 
 # The paper experiments' model (these ablations, masked patch prediction): the main job's model
@@ -26,11 +25,10 @@ FEW_SHOT_DRAWS = 10  # draws of the 5 images per class the 5-shot probe averages
 
 
 def train_run(flags: list[str], run_dir: str, limit: int | None) -> dict:
-    """apps.train's result.json of one run with `flags`; a run that finished in run_dir with
-    the same arguments is read, not run again, so an interrupted experiment resumes where it
-    stopped (one with other arguments is refused by name)."""
+    """apps.train's result of one ablation run with `flags` in run_dir (finished_or_trained:
+    an interrupted experiment resumes where it stopped)."""
     argv = [*ABLATION_FLAGS, *flags, "--run-dir", run_dir, *limit_flags(limit)]
-    return train.finished_result(argv) or train.main(argv)
+    return finished_or_trained(argv)
 
 
 def five_shot(model_path: str, limit: int | None) -> float:

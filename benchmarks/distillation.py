@@ -23,14 +23,12 @@ Runs under the current KERAS_BACKEND (scripts/main.sh's torch for the main job's
 """
 
 import argparse
-import json
 import os
 import statistics
 
 import keras
 
-from apps import evaluate, train
-from benchmarks import limit_flags, write_json
+from benchmarks import finished_or_trained, limit_flags, scored_on_test, write_json
 from benchmarks.machine import describe_host
 
 REPORT_FILE = "distillation.json"
@@ -78,36 +76,11 @@ def split(run: str) -> tuple[str, str | None]:
     return student, teacher or None
 
 
-def trained(run_dir: str, flags: list[str]) -> dict:
-    """apps.train's result of the run that flags describe in run_dir: read where it finished
-    with these flags, else trained (resumed where it was interrupted)."""
-    argv = [*flags, "--run-dir", run_dir]
-    result = train.finished_result(argv)
-    if result is None:
-        result = train.main(argv)
-        keras.backend.clear_session()
-    return result
-
-
-def tested(run_dir: str, smoke: bool) -> dict:
-    """The run's model.keras scored once on the test split, a single view each image:
-    vit-keras evaluate's report, kept in run_dir/test/evaluation.json and read from there
-    after."""
-    out = os.path.join(run_dir, "test")
-    path = os.path.join(out, "evaluation.json")
-    if not os.path.exists(path):
-        evaluate.main([os.path.join(run_dir, "model.keras"), "--out", out,
-                       *(["--limit", "64"] if smoke else [])])
-        keras.backend.clear_session()
-    with open(path) as file:
-        return json.load(file)
-
-
 def scored(run_dir: str, flags: list[str], smoke: bool) -> dict:
     """One run's facts: its minutes in model.fit, validation and test accuracy (single
     views), parameters."""
-    result = trained(run_dir, flags)
-    test = tested(run_dir, smoke)
+    result = finished_or_trained([*flags, "--run-dir", run_dir])
+    test = scored_on_test(os.path.join(run_dir, "model.keras"), 64 if smoke else None)
     return {"fit_seconds": result["fit_seconds"],
             "validation_accuracy": result.get("validation_accuracy_single_view",
                                               result["validation_accuracy"]),

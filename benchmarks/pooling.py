@@ -12,27 +12,13 @@ chosen rates are still scored on every test image). A finished run is read, not 
 """
 
 import argparse
-import json
 import os
 
 import keras
 
-from apps import evaluate
-from benchmarks import write_json
+from benchmarks import scored_on_test, write_json
 from benchmarks.ablation import train_run
 from benchmarks.machine import describe_host
-
-
-def score_on_test(model_path: str) -> float:
-    """The model's top-1 accuracy on the 10,000 Fashion-MNIST test images, from the
-    evaluation.json beside it where it was scored before: the test split is read once per
-    model, however often the experiment resumes."""
-    out = os.path.join(os.path.dirname(model_path), "test")
-    report = os.path.join(out, "evaluation.json")
-    if os.path.exists(report):
-        with open(report) as file:
-            return json.load(file)["top1"]
-    return evaluate.main([model_path, "--out", out])["top1"]
 
 
 def main(argv=None) -> dict:
@@ -59,7 +45,7 @@ def main(argv=None) -> dict:
         best = max(runs[classifier], key=lambda run: run["validation_accuracy"])
         chosen[classifier] = {
             "learning_rate": best["learning_rate"],
-            "test_accuracy": round(score_on_test(best["model"]), 4)}
+            "test_accuracy": round(scored_on_test(best["model"])["top1"], 4)}
     report = {"machine": describe_host(), "backend": keras.backend.backend(),
               "epochs": args.epochs, "validation_split": args.validation_split,
               "limit": args.limit,

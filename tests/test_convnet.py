@@ -42,11 +42,16 @@ def test_classifier_has_bits_parameters_and_map_size(stage_units, image_size, si
     assert tuple(model.output.shape) == (None, 7)
 
 
-def test_resnet50_default_is_bits_counts():
+# torchvision's ResNet-50 (the weights' "num_params"): the same layer shapes, bias-free
+# convolutions with a norm's scale and bias after each and a projection opening each stage.
+RESNET50_PARAMETERS = 25_557_032
+
+
+def test_resnet50_default_has_torchvisions_resnet50_count():
     model = resnet.classifier(224, 1000)
     assert model.name == "resnet_3_4_6_3_w64"
-    # BiT-M R50x1's 25.5 million, counted from the definition
-    assert model.count_params() == bit_parameters((3, 4, 6, 3), 64, 3, 1000)
+    assert model.count_params() == RESNET50_PARAMETERS
+    assert bit_parameters((3, 4, 6, 3), 64, 3, 1000) == RESNET50_PARAMETERS  # the counter too
 
 
 def test_classifier_logits_are_the_numpy_resnet_averaged_then_the_head():

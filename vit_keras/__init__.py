@@ -48,7 +48,7 @@ __all__ = ["VARIANTS", "InputConvention", "LoadReport", "ViTConfig", "analysis",
            "load_model", "load_npz", "load_pytorch_weights", "load_weights", "lora", "masked",
            "merge_lora", "merge_tokens", "preprocess", "preprocessing", "prune_tokens", "resnet",
            "save_npz", "save_weights", "training", "vit", "weights"]
-__version__ = "0.5.0"
+__version__ = "0.5.1"
 
 
 def __getattr__(name):

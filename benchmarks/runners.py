@@ -55,8 +55,14 @@ def forward_flops(config: vk.ViTConfig, image_size: int, num_classes: int = 1000
     patches = (image_size // config.cell_size) ** 2
     tokens, d, m = patches + class_token, config.hidden_size, config.mlp_dim
     macs += patches * config.patch_size**2 * channels * d
-    macs += config.num_layers * (4 * tokens * d * d + 2 * tokens * tokens * d + 2 * tokens * d * m)
+    macs += config.num_layers * block_macs(tokens, tokens, d, m)
     return 2.0 * (macs + d * num_classes)
+
+
+def block_macs(tokens: int, kept: int, hidden: int, mlp: int) -> int:
+    """Multiply-accumulates of one encoder block whose attention runs on `tokens` and whose MLP
+    on the `kept` of them: the four projections, the scores and their weighted sum, the MLP."""
+    return 4 * tokens * hidden * hidden + 2 * tokens * tokens * hidden + 2 * kept * hidden * mlp
 
 
 def resnet_macs(config: vk.ViTConfig, image_size: int) -> tuple[int, int]:

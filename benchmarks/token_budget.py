@@ -44,7 +44,7 @@ from apps.common import fit_progress, model_config, model_from_arguments
 from benchmarks import SMOKE_IMAGE_SIZE, limit_flags, write_json
 from benchmarks.machine import describe_host
 from benchmarks.memory import peak_memory_of, run_child
-from benchmarks.runners import keras_runner, model_spec
+from benchmarks.runners import block_macs, keras_runner, model_spec
 from benchmarks.timing import measure_in_turns, timed_in_turns
 from vit_keras.tokens.budget import token_counts
 
@@ -90,7 +90,7 @@ def forward_flops(config: vk.ViTConfig, image_size: int, counts: list[int], merg
     d, m = config.hidden_size, config.mlp_dim
     macs = patches * config.patch_size**2 * channels * d + d * num_classes
     for tokens, out in zip([patches + prefix, *counts[:-1]], counts, strict=True):
-        macs += 4 * tokens * d * d + 2 * tokens * tokens * d + 2 * out * d * m
+        macs += block_macs(tokens, out, d, m)
         if merging and out < tokens:
             macs += (tokens + 1) // 2 * (tokens // 2) * (d // config.num_heads)
     return 2.0 * macs

@@ -18,7 +18,7 @@ RECIPE_FLAGS = ("layer_decay", "head_lr_multiplier")
 
 
 def build_parser():
-    parser = train.build_parser("finetune", __doc__)
+    parser = train.build_parser("finetune", __doc__, convnet=False)
     parser.add_argument("weights_file", metavar="WEIGHTS",
                         help="the checkpoint to start from: a file or a pre-trained name")
     rates = parser.add_argument_group("learning rates by layer (docs/finetuning.md)")

@@ -80,10 +80,11 @@ CLASSIFIER_DEFAULTS = dict(teacher=None, distillation=None, distillation_token=F
                            convnet=False)
 
 
-def build_parser(name: str = "train", doc: str = __doc__,
-                 classifier: bool = True) -> argparse.ArgumentParser:
+def build_parser(name: str = "train", doc: str = __doc__, classifier: bool = True,
+                 convnet: bool = True) -> argparse.ArgumentParser:
     """The training flags; classifier=False leaves out those of a classifier's training only
-    (CLASSIFIER_DEFAULTS)."""
+    (CLASSIFIER_DEFAULTS); convnet=False hides --convnet from --help, for an app that refuses
+    it with its own message."""
     parser = app_parser(name, doc)
     source = add_data_arguments(parser, "training and held-out images")
     source.add_argument("--eval-folder", help="held-out DIR/<class>/<images> for --folder")
@@ -157,13 +158,14 @@ def build_parser(name: str = "train", doc: str = __doc__,
                 "width 64, global average pooling, sincos2d); with --variant, --image-size is "
                 "224 unless given", image_size=None)
     if classifier:
-        add_classifier_arguments(parser, model)
+        add_classifier_arguments(parser, model, convnet)
     parser.set_defaults(**CLASSIFIER_DEFAULTS)  # the flags' defaults, and without them
     return parser
 
 
-def add_classifier_arguments(parser: argparse.ArgumentParser, model) -> None:
-    """A teacher's flags (docs/distillation.md), and --convnet among the model's."""
+def add_classifier_arguments(parser: argparse.ArgumentParser, model, convnet: bool) -> None:
+    """A teacher's flags (docs/distillation.md), and --convnet among the model's (listed in
+    --help where `convnet`)."""
     teach = parser.add_argument_group(
         "training with a teacher (docs/distillation.md)",
         "DeiT's distillation: the teacher's logits as a second target, its own head with "
@@ -179,13 +181,12 @@ def add_classifier_arguments(parser: argparse.ArgumentParser, model) -> None:
                        help="give the student DeiT's distillation token (needs --classifier "
                             "token): the teacher's term trains its head, the labels the class "
                             "token's; the saved model answers with their mean")
-    model.add_argument("--convnet", action="store_true",
-                       help="train the paper's ResNet (the hybrids' stem, BiT-style) with "
-                            "global average pooling and a head instead of a ViT, shaped by "
-                            "--resnet-layers, --resnet-width, --image-size and --num-classes "
-                            f"(default {','.join(map(str, CONVNET_MODEL['resnet_layers']))}, "
-                            f"{CONVNET_MODEL['resnet_width']}, {CONVNET_MODEL['image_size']} "
-                            "px): a teacher for distillation, or a convnet baseline")
+    model.add_argument("--convnet", action="store_true", help=(
+        "train the paper's ResNet (the hybrids' stem, BiT-style) with global average pooling and "
+        "a head instead of a ViT, shaped by --resnet-layers, --resnet-width, --image-size and "
+        f"--num-classes (default {','.join(map(str, CONVNET_MODEL['resnet_layers']))}, "
+        f"{CONVNET_MODEL['resnet_width']}, {CONVNET_MODEL['image_size']} px): a teacher for "
+        "distillation, or a convnet baseline") if convnet else argparse.SUPPRESS)
 
 
 def fill_defaults(args) -> None:

@@ -240,6 +240,12 @@ def test_a_teacher_the_student_cannot_learn_from_is_refused():
                                    10)
     with pytest.raises(ValueError, match="distillation_token=True needs a distillation"):
         training.Recipe("sgd", 0.1, "linear", 0, distillation_token=True)
+    with pytest.raises(ValueError, match=r"distillation_weight 1.5: expected a number in "
+                                         r"\[0, 1\] \(soft distillation's lambda\)"):
+        training.Recipe("sgd", 0.1, "linear", 0, distillation="soft", distillation_weight=1.5)
+    with pytest.raises(ValueError, match="distillation_temperature 0: expected a positive"):
+        training.Recipe("sgd", 0.1, "linear", 0, distillation="soft",
+                        distillation_temperature=0)
     with pytest.raises(ValueError, match="teacher 't.keras' needs a distillation"):
         training.Recipe("sgd", 0.1, "linear", 0, teacher="t.keras")
     plain = training.Recipe("sgd", 0.1, "linear", 0)
@@ -323,3 +329,4 @@ def test_finetune_refuses_convnet_in_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.startswith(
         "error: --convnet trains a ResNet from scratch (vit-keras train --convnet); vit-keras "
         "finetune starts from a ViT checkpoint")
+    assert "--convnet" not in finetune.build_parser().format_help()

@@ -77,7 +77,8 @@ class Recipe:
 
     Raises:
         ValueError: layer_decay outside (0, 1], head_lr_multiplier not positive, an
-            unknown distillation, or a distillation token or teacher without a distillation.
+            unknown distillation, a temperature that is not positive, a distillation weight
+            outside [0, 1], or a distillation token or teacher without a distillation.
     """
 
     optimizer: str
@@ -125,6 +126,12 @@ class Recipe:
         if self.distillation_token and not self.distillation:
             raise ValueError("distillation_token=True needs a distillation ('hard' or 'soft'): "
                              "the token's head learns from the teacher")
+        if not (_is_number(self.distillation_temperature) and self.distillation_temperature > 0):
+            raise ValueError(f"distillation_temperature {self.distillation_temperature!r}: "
+                             "expected a positive number (soft distillation's tau)")
+        if not (_is_number(self.distillation_weight) and 0 <= self.distillation_weight <= 1):
+            raise ValueError(f"distillation_weight {self.distillation_weight!r}: expected a "
+                             "number in [0, 1] (soft distillation's lambda)")
         if self.teacher is not None and not self.distillation:
             raise ValueError(f"teacher {self.teacher!r} needs a distillation ('hard' or "
                              "'soft'): without one the teacher is not used")

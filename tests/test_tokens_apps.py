@@ -4,7 +4,6 @@ vk.merge_tokens / vk.prune_tokens make of the loaded one, and every export forma
 model is verified against it and answers like it when read back."""
 
 import json
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -18,7 +17,7 @@ from apps.common import run
 from tests.conftest import TINY, backend_independent, in_tensorflow_pass, randomize
 from tests.numpy_tokens import merged_counts, pruned_counts
 from tests.test_apps import write_images
-from tests.test_export import quadrant_data, with_small_class_token
+from tests.test_export import ROOT, quadrant_data, with_small_class_token
 from vit_keras.export import FORMATS, Predictor
 
 PATCHES = (32 // TINY["patch_size"]) ** 2  # 16 patch tokens at 32 px, plus the class token
@@ -277,8 +276,7 @@ def test_full_integer_file_of_a_merged_fashion_mnist_model_runs_and_agrees(tmp_p
     of the unreduced model's file, on test images."""
     from vit_keras import data, export
 
-    model = keras.saving.load_model(Path(__file__).parents[1] / "docs" / "models"
-                                    / "fashion_mnist_p4.keras")
+    model = keras.saving.load_model(ROOT / "docs" / "models" / "fashion_mnist_p4.keras")
     images = np.repeat(data.load_fashion_mnist("test")[0][:300], 3, axis=-1)
     agreement = {}
     for name, subject in (("none", model), ("merged", vk.merge_tokens(model, 12))):

@@ -98,15 +98,14 @@ class ClassTokenFolded(keras.Model):
         if {configs.REGISTERS, configs.DISTILLATION_TOKEN, configs.PRE_NORM} & names:
             return False
         first = first_block_node(model)
-        if first is None or tuple(image_size or model.input.shape[1:3]) != built_image_size(
-                model):
+        if first is None:
+            return False
+        if tuple(image_size or model.input.shape[1:3]) != built_image_size(model):
             return False
         rest = model.layers[model.layers.index(first.operation):]
         # Only the model's own graph counts: a layer may be called elsewhere too (the
         # encoder norm in a vit_keras.intermediates.features model, say).
-        own = compat.own_node_ids(model)
-        nodes = [[node for node in compat.inbound_nodes(layer) if id(node) in own]
-                 for layer in rest]
+        nodes = [own_nodes(model, layer) for layer in rest]
         chained = all(len(later) == 1 and later[0].parent_nodes[0].operation is earlier
                       for earlier, later in zip(rest[:-1], nodes[1:], strict=True))
         return chained and nodes[-1][0].outputs[0] is model.output
@@ -126,11 +125,16 @@ class ClassTokenFolded(keras.Model):
         return self.rest(self.block(x, normed=normed))
 
 
-def own_node(model: keras.Model, layer):
-    """The node of model's own graph where layer is called: a model made from another by
+def own_nodes(model: keras.Model, layer) -> list:
+    """The nodes of model's own graph where layer is called: a model made from another by
     vk.merge_tokens or vk.prune_tokens calls the same layers, so .output would be the other's."""
     own = compat.own_node_ids(model)
-    return next(node for node in compat.inbound_nodes(layer) if id(node) in own)
+    return [node for node in compat.inbound_nodes(layer) if id(node) in own]
+
+
+def own_node(model: keras.Model, layer):
+    """The first of own_nodes."""
+    return own_nodes(model, layer)[0]
 
 
 def first_block_node(model: keras.Model):
